@@ -1,0 +1,3 @@
+from waddle.cli.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,77 @@
+"""Physics backends: batched MuJoCo simulation behind one small contract.
+
+``make_backend(name, model, ...)`` builds one by name. Backends whose packages
+are optional are imported only when asked for, so the core install stays lean.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import mujoco
+import torch
+
+from waddle.physics.base import PhysicsBackend
+
+# name -> (module, class, pip extra that provides its packages)
+BACKENDS: dict[str, tuple[str, str, str | None]] = {
+    "mujoco": ("waddle.physics.native", "NativeBackend", None),
+    "mjx": ("waddle.physics.mjx", "MjxBackend", "mjx"),
+    "mujoco-torch": ("waddle.physics.torch_sim", "MujocoTorchBackend", "torch-sim"),
+}
+
+
+def backend_class(name: str) -> type[PhysicsBackend]:
+    """Return the backend class registered under ``name``, importing it on demand."""
+    if name not in BACKENDS:
+        raise ValueError(f"Unknown backend {name!r}; choose one of {sorted(BACKENDS)}.")
+    module_name, class_name, extra = BACKENDS[name]
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        hint = f"pip install 'waddle[{extra}]'" if extra else "pip install waddle"
+        raise ImportError(
+            f"The {name!r} backend needs packages that are not installed ({err}). "
+            f"Install them with: {hint}"
+        ) from err
+    return getattr(module, class_name)
+
+
+def backend_available(name: str) -> bool:
+    """Whether ``name``'s packages import on this machine."""
+    try:
+        backend_class(name)
+    except ImportError:
+        return False
+    return True
+
+
+def default_backend(device: torch.device | str) -> str:
+    """The best backend available for ``device``: native MuJoCo on a CPU.
+
+    On CUDA, mujoco-torch when it imports, else MJX.
+    """
+    if torch.device(device).type == "cpu":
+        return "mujoco"
+    for name in ("mujoco-torch", "mjx"):
+        if backend_available(name):
+            return name
+    raise ImportError(
+        f"No GPU physics backend is installed for device {device!r}. "
+        "Install one with: pip install 'waddle[torch-sim]' or pip install 'waddle[mjx]'"
+    )
+
+
+def make_backend(name: str, model: mujoco.MjModel, **kwargs) -> PhysicsBackend:
+    """Build the backend ``name`` over ``model``; see :class:`PhysicsBackend` for kwargs."""
+    return backend_class(name)(model, **kwargs)
+
+
+__all__ = [
+    "BACKENDS",
+    "PhysicsBackend",
+    "backend_available",
+    "backend_class",
+    "default_backend",
+    "make_backend",
+]

@@ -1,0 +1,154 @@
+"""The contract every physics backend implements.
+
+A backend simulates ``num_envs`` copies of one MuJoCo model. Its whole state,
+as far as the envs are concerned, is ``(qpos, qvel, time)``; everything else a
+task reads (site positions, contact flags) is derived from the last substep of
+the most recent :meth:`PhysicsBackend.step`. That keeps the contract small
+enough that a C engine, MJX and mujoco-torch can all honour it, and lets a
+differentiable backend carry the autograd history through ``qpos``/``qvel``.
+
+Semantics shared by all backends:
+
+* ``site_positions()`` and ``contacts()`` report what MuJoCo computed in the
+  forward pass of the last substep (before its integration), which is what
+  ``MjData.site_xpos`` and ``MjData.contact`` hold after ``mj_step`` in every
+  MuJoCo implementation. After a reset they are refreshed for the reset envs.
+* A geom's contact flag is true when MuJoCo generated at least one contact
+  involving it (penetration distance below the pair's margin).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from typing import ClassVar
+
+import mujoco
+import torch
+
+
+class PhysicsBackend(abc.ABC):
+    """Batched simulation of ``num_envs`` copies of one MuJoCo model.
+
+    Args:
+        model: the compiled MuJoCo model. Backends may copy it; they never
+            change its physics.
+        num_envs: number of simulators, at least 1.
+        frame_skip: physics substeps per :meth:`step` call, at least 1.
+        site_names: sites whose world positions :meth:`site_positions` returns,
+            in this order.
+        contact_geom_names: geoms whose contact flags :meth:`contacts` returns,
+            in this order.
+        device: torch device of every tensor the backend returns.
+        dtype: floating dtype of every tensor the backend returns.
+        requires_grad: whether :meth:`step` records an autograd graph from
+            ``(qpos, qvel, ctrl)`` to the new state. Only backends with
+            ``differentiable = True`` accept it.
+    """
+
+    name: ClassVar[str]
+    differentiable: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        model: mujoco.MjModel,
+        *,
+        num_envs: int,
+        frame_skip: int,
+        site_names: Sequence[str] = (),
+        contact_geom_names: Sequence[str] = (),
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        requires_grad: bool = False,
+    ) -> None:
+        if int(num_envs) < 1:
+            raise ValueError(f"num_envs must be >= 1, got {num_envs}.")
+        if int(frame_skip) < 1:
+            raise ValueError(f"frame_skip must be >= 1, got {frame_skip}.")
+        if requires_grad and not self.differentiable:
+            raise ValueError(
+                f"requires_grad=True is not supported by the {self.name!r} backend, "
+                "which is not differentiable; use backend='mjx' or backend='mujoco-torch'."
+            )
+        self.model = model
+        self.num_envs = int(num_envs)
+        self.frame_skip = int(frame_skip)
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.requires_grad = bool(requires_grad)
+        self.site_ids = _lookup_ids(model, mujoco.mjtObj.mjOBJ_SITE, site_names, "site")
+        self.contact_geom_ids = _lookup_ids(
+            model, mujoco.mjtObj.mjOBJ_GEOM, contact_geom_names, "geom"
+        )
+
+    @property
+    def nq(self) -> int:
+        return self.model.nq
+
+    @property
+    def nv(self) -> int:
+        return self.model.nv
+
+    @property
+    def nu(self) -> int:
+        return self.model.nu
+
+    @property
+    def control_dt(self) -> float:
+        """Simulated seconds advanced by one :meth:`step`."""
+        return self.model.opt.timestep * self.frame_skip
+
+    @abc.abstractmethod
+    def reset(
+        self, qpos: torch.Tensor, qvel: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> None:
+        """Set the state of all envs, or of the envs where ``mask`` is true.
+
+        ``qpos`` is ``(num_envs, nq)`` and ``qvel`` ``(num_envs, nv)``; rows of
+        envs outside ``mask`` are ignored. Reset envs restart their clock at 0.
+        """
+
+    @abc.abstractmethod
+    def step(self, ctrl: torch.Tensor) -> None:
+        """Advance every env by ``frame_skip`` substeps holding ``ctrl`` ``(num_envs, nu)``."""
+
+    @property
+    @abc.abstractmethod
+    def qpos(self) -> torch.Tensor:
+        """``(num_envs, nq)`` generalized positions."""
+
+    @property
+    @abc.abstractmethod
+    def qvel(self) -> torch.Tensor:
+        """``(num_envs, nv)`` generalized velocities."""
+
+    @property
+    @abc.abstractmethod
+    def time(self) -> torch.Tensor:
+        """``(num_envs,)`` simulated time since each env's last reset."""
+
+    @abc.abstractmethod
+    def site_positions(self) -> torch.Tensor:
+        """``(num_envs, len(site_names), 3)`` world positions of the tracked sites."""
+
+    @abc.abstractmethod
+    def contacts(self) -> torch.Tensor:
+        """``(num_envs, len(contact_geom_names))`` bool: the tracked geom touches something."""
+
+    def detach(self) -> None:
+        """Cut the autograd history of the state (a truncated-BPTT boundary)."""
+
+    def close(self) -> None:
+        """Release threads, devices and other resources held by the backend."""
+
+
+def _lookup_ids(
+    model: mujoco.MjModel, obj: mujoco.mjtObj, names: Sequence[str], kind: str
+) -> list[int]:
+    ids = []
+    for name in names:
+        idx = mujoco.mj_name2id(model, obj, name)
+        if idx < 0:
+            raise ValueError(f"The model has no {kind} named {name!r}.")
+        ids.append(idx)
+    return ids
