@@ -31,8 +31,10 @@ class PhysicsBackend(abc.ABC):
     """Batched simulation of ``num_envs`` copies of one MuJoCo model.
 
     Args:
-        model: the compiled MuJoCo model. Backends may copy it; they never
-            change its physics.
+        model: the MuJoCo model, compiled (``MjModel``) or as an ``MjSpec``.
+            Backends may add instrumentation (the native backend adds sensors
+            to read sites and contacts in bulk, which needs the spec); they
+            never change the physics.
         num_envs: number of simulators, at least 1.
         frame_skip: physics substeps per :meth:`step` call, at least 1.
         site_names: sites whose world positions :meth:`site_positions` returns,
@@ -51,7 +53,7 @@ class PhysicsBackend(abc.ABC):
 
     def __init__(
         self,
-        model: mujoco.MjModel,
+        model: mujoco.MjModel | mujoco.MjSpec,
         *,
         num_envs: int,
         frame_skip: int,
@@ -70,6 +72,11 @@ class PhysicsBackend(abc.ABC):
                 f"requires_grad=True is not supported by the {self.name!r} backend, "
                 "which is not differentiable; use backend='mjx' or backend='mujoco-torch'."
             )
+        if isinstance(model, mujoco.MjSpec):
+            self.spec: mujoco.MjSpec | None = model
+            model = model.compile()
+        else:
+            self.spec = None
         self.model = model
         self.num_envs = int(num_envs)
         self.frame_skip = int(frame_skip)

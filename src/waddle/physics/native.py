@@ -1,0 +1,180 @@
+"""Native MuJoCo backend: every env stepped in C by ``mujoco.rollout``'s thread pool.
+
+One ``MjModel``, one scratch ``MjData`` per thread, and the state of all envs
+in one ``(num_envs, nstate)`` array. A :meth:`NativeBackend.step` is a single
+call into C that advances every env by ``frame_skip`` substeps on
+``num_threads`` threads; there is no per-env Python on the step path.
+
+Site positions and contact flags are read in bulk through sensors this backend
+adds to its copy of the model (``framepos`` for each tracked site, a
+``contact`` sensor counting the contacts of each tracked geom). MuJoCo fills
+sensors in the forward pass of each substep, so they describe the state before
+the last substep's integration, as ``MjData.site_xpos`` does after ``mj_step``.
+
+MuJoCo resets a simulator whose state becomes non-finite or huge (with a
+warning) and keeps stepping from ``qpos0``. The backend spots that by the
+simulator's clock falling behind and reports the env in :attr:`diverged`, with
+its state set to NaN so the env layer terminates it; the other envs are
+unaffected.
+"""
+
+from __future__ import annotations
+
+import os
+
+import mujoco
+import numpy as np
+import torch
+from mujoco import rollout
+
+from waddle.physics.base import PhysicsBackend
+
+_STATE = mujoco.mjtState.mjSTATE_FULLPHYSICS
+_CTRL = mujoco.mjtState.mjSTATE_CTRL
+
+
+class NativeBackend(PhysicsBackend):
+    """MuJoCo C engine, all envs stepped by a thread pool.
+
+    Args:
+        num_threads: threads of the rollout pool. Defaults to the number of
+            CPUs this process may use.
+
+    See :class:`~waddle.physics.base.PhysicsBackend` for the other arguments.
+
+    Example:
+        >>> spec = mujoco.MjSpec.from_file("scene.xml")  # doctest: +SKIP
+        >>> sim = NativeBackend(spec, num_envs=256, frame_skip=10)  # doctest: +SKIP
+        >>> sim.step(torch.zeros(256, sim.nu))  # doctest: +SKIP
+    """
+
+    name = "mujoco"
+
+    def __init__(self, model, *, num_threads: int | None = None, **kwargs) -> None:
+        super().__init__(model, **kwargs)
+        if self.site_ids or self.contact_geom_ids:
+            self.model = self._instrumented_model(kwargs)
+        model = self.model
+        self.num_threads = int(num_threads or len(os.sched_getaffinity(0)))
+        self._pool = rollout.Rollout(nthread=self.num_threads)
+        self._scratch = [mujoco.MjData(model) for _ in range(self.num_threads)]
+
+        nstate = mujoco.mj_stateSize(model, _STATE)
+        self._qpos_slice = slice(1, 1 + model.nq)
+        self._qvel_slice = slice(1 + model.nq, 1 + model.nq + model.nv)
+        self._state = np.empty((self.num_envs, nstate))
+        mujoco.mj_getState(model, self._scratch[0], self._state[0], _STATE)
+        self._state[:] = self._state[0]
+        self._trajectory = np.empty((self.num_envs, self.frame_skip, nstate))
+        self._sensor_trajectory = np.empty((self.num_envs, self.frame_skip, model.nsensordata))
+        self._sensors = np.zeros((self.num_envs, model.nsensordata))
+        self._ctrl = np.zeros((self.num_envs, 1, model.nu))
+        self.diverged = torch.zeros(self.num_envs, dtype=torch.bool, device=self.device)
+        self._refresh_sensors(np.arange(self.num_envs))
+
+    def _instrumented_model(self, kwargs) -> mujoco.MjModel:
+        if self.spec is None:
+            raise ValueError(
+                "The native backend reads sites and contacts through sensors it adds to "
+                "the model, so it needs the model as a mujoco.MjSpec "
+                "(mujoco.MjSpec.from_file(path)), not a compiled MjModel."
+            )
+        spec = self.spec.copy()
+        # Our sensors go last so the model's own sensordata keeps its layout.
+        self._site_sensor_start = self.model.nsensordata
+        for name in kwargs.get("site_names", ()):
+            spec.add_sensor(
+                name=f"waddle_site_{name}",
+                type=mujoco.mjtSensor.mjSENS_FRAMEPOS,
+                objtype=mujoco.mjtObj.mjOBJ_SITE,
+                objname=name,
+            )
+        self._contact_sensor_start = self._site_sensor_start + 3 * len(self.site_ids)
+        for name in kwargs.get("contact_geom_names", ()):
+            # intprm = (data: found, reduce: none, num: 1): the count of contacts
+            # involving the geom, against anything.
+            spec.add_sensor(
+                name=f"waddle_contact_{name}",
+                type=mujoco.mjtSensor.mjSENS_CONTACT,
+                objtype=mujoco.mjtObj.mjOBJ_GEOM,
+                objname=name,
+                intprm=[1, 0, 1],
+            )
+        return spec.compile()
+
+    def reset(self, qpos, qvel, mask=None) -> None:
+        rows = (
+            np.arange(self.num_envs)
+            if mask is None
+            else mask.detach().cpu().numpy().nonzero()[0]
+        )
+        if rows.size == 0:
+            return
+        qpos = qpos.detach().cpu().double().numpy()
+        qvel = qvel.detach().cpu().double().numpy()
+        self._state[rows] = 0.0
+        self._state[rows, self._qpos_slice] = qpos[rows]
+        self._state[rows, self._qvel_slice] = qvel[rows]
+        self.diverged[torch.as_tensor(rows, device=self.device)] = False
+        self._refresh_sensors(rows)
+
+    def _refresh_sensors(self, rows: np.ndarray) -> None:
+        """Run MuJoCo's forward pass for ``rows`` so sensors describe their new state."""
+        data = self._scratch[0]
+        for row in rows:
+            mujoco.mj_setState(self.model, data, self._state[row], _STATE)
+            mujoco.mj_forward(self.model, data)
+            self._sensors[row] = data.sensordata
+
+    def step(self, ctrl: torch.Tensor) -> None:
+        self._ctrl[:, 0, :] = ctrl.detach().cpu().numpy()
+        start_time = self._state[:, 0].copy()
+        self._pool.rollout(
+            self.model,
+            self._scratch,
+            self._state,
+            self._ctrl,
+            control_spec=_CTRL,
+            nstep=self.frame_skip,
+            state=self._trajectory,
+            sensordata=self._sensor_trajectory,
+        )
+        self._state[:] = self._trajectory[:, -1]
+        self._sensors[:] = self._sensor_trajectory[:, -1]
+        expected = start_time + self.frame_skip * self.model.opt.timestep
+        # MuJoCo's automatic reset of an unstable simulator restarts its clock.
+        diverged = ~np.isclose(self._state[:, 0], expected, rtol=0.0, atol=1e-9)
+        diverged |= ~np.isfinite(self._state).all(axis=1)
+        if diverged.any():
+            self._state[diverged, 1:] = np.nan
+        self.diverged = torch.from_numpy(diverged).to(self.device)
+
+    def _tensor(self, array: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(array)).to(self.device, self.dtype)
+
+    @property
+    def qpos(self) -> torch.Tensor:
+        return self._tensor(self._state[:, self._qpos_slice])
+
+    @property
+    def qvel(self) -> torch.Tensor:
+        return self._tensor(self._state[:, self._qvel_slice])
+
+    @property
+    def time(self) -> torch.Tensor:
+        return self._tensor(self._state[:, 0])
+
+    def site_positions(self) -> torch.Tensor:
+        start = getattr(self, "_site_sensor_start", 0)
+        block = self._sensors[:, start : start + 3 * len(self.site_ids)]
+        return self._tensor(block).reshape(self.num_envs, len(self.site_ids), 3)
+
+    def contacts(self) -> torch.Tensor:
+        start = getattr(self, "_contact_sensor_start", 0)
+        found = self._sensors[:, start : start + len(self.contact_geom_ids)]
+        return torch.from_numpy(found > 0).to(self.device)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
