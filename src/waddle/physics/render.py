@@ -1,0 +1,177 @@
+"""Offscreen images of a batch of states.
+
+Rendering is CPU-side and reads nothing but ``qpos``: each row is copied into
+one scratch :class:`mujoco.MjData`, forwarded, and drawn by one
+:class:`mujoco.Renderer`. It therefore works the same for every physics
+backend (native MuJoCo, MJX, mujoco-torch) and never touches their state.
+
+MuJoCo needs an OpenGL backend, chosen by the ``MUJOCO_GL`` environment
+variable: ``osmesa`` (software, Debian package ``libosmesa6``) on a CPU
+machine, ``egl`` (``libegl1``) on a GPU machine. When ``MUJOCO_GL`` is unset,
+:func:`select_gl_backend` picks ``egl`` if a CUDA device is present and
+``osmesa`` otherwise. MuJoCo reads the variable when it is first imported, so
+set it before importing mujoco to be safe; :class:`BatchRenderer` also copes
+when mujoco was imported first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import importlib
+import inspect
+import os
+import sys
+from collections.abc import Iterator
+
+import mujoco
+import numpy as np
+import torch
+
+GL_ENV_VAR = "MUJOCO_GL"
+# MUJOCO_GL value -> module holding MuJoCo's GLContext for it (Linux).
+_GL_MODULES = {"egl": "mujoco.egl", "osmesa": "mujoco.osmesa", "glfw": "mujoco.glfw"}
+_INSTALL_HINT = (
+    "Rendering needs an OpenGL backend. On a CPU machine install OSMesa "
+    "(apt-get install libosmesa6) and set MUJOCO_GL=osmesa; on a GPU machine "
+    "install EGL (apt-get install libegl1) and set MUJOCO_GL=egl. Set MUJOCO_GL "
+    "before mujoco is imported."
+)
+
+
+def select_gl_backend() -> str:
+    """Return MuJoCo's GL backend name, choosing one and setting ``MUJOCO_GL`` if unset.
+
+    On Linux an unset ``MUJOCO_GL`` becomes ``egl`` when CUDA is available and
+    ``osmesa`` otherwise. Elsewhere it is left to MuJoCo (``""``).
+    """
+    backend = os.environ.get(GL_ENV_VAR, "").strip().lower()
+    if backend or not sys.platform.startswith("linux"):
+        return backend
+    backend = "egl" if torch.cuda.is_available() else "osmesa"
+    os.environ[GL_ENV_VAR] = backend
+    return backend
+
+
+class BatchRenderer:
+    """Draw RGB images of ``N`` states of one model.
+
+    Args:
+        model: the compiled model. When ``width``/``height`` exceed its
+            offscreen buffer, a copy with a larger buffer is rendered instead.
+        width: image width in pixels.
+        height: image height in pixels.
+
+    Raises:
+        RuntimeError: no OpenGL backend works; the message says what to install.
+
+    Example:
+        >>> renderer = BatchRenderer(model, width=64, height=48)  # doctest: +SKIP
+        >>> renderer.render(qpos, camera="track").shape  # doctest: +SKIP
+        torch.Size([4, 48, 64, 3])
+    """
+
+    def __init__(self, model: mujoco.MjModel, *, width: int = 320, height: int = 240) -> None:
+        if int(width) < 1 or int(height) < 1:
+            raise ValueError(f"width and height must be >= 1, got {width}x{height}.")
+        self.width, self.height = int(width), int(height)
+        glob = model.vis.global_
+        if self.width > glob.offwidth or self.height > glob.offheight:
+            model = copy.deepcopy(model)
+            model.vis.global_.offwidth = max(self.width, glob.offwidth)
+            model.vis.global_.offheight = max(self.height, glob.offheight)
+        self.model = model
+        self.backend = select_gl_backend()
+        self._data = mujoco.MjData(model)
+        try:
+            with _gl_context_for(self.backend):
+                self._renderer = mujoco.Renderer(model, height=self.height, width=self.width)
+        except Exception as err:
+            raise RuntimeError(
+                f"Could not create a MuJoCo renderer with {GL_ENV_VAR}={self.backend!r} "
+                f"({type(err).__name__}: {err}). {_INSTALL_HINT}"
+            ) from err
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """``(width, height)`` of the images."""
+        return self.width, self.height
+
+    def render(self, qpos: torch.Tensor, *, camera: int | str | None = None) -> torch.Tensor:
+        """Images of each row of ``qpos``.
+
+        Args:
+            qpos: ``(N, nq)`` generalized positions.
+            camera: a camera name or id; ``None`` or ``-1`` is MuJoCo's free camera.
+
+        Returns:
+            ``(N, height, width, 3)`` uint8 RGB on ``qpos``'s device.
+        """
+        if qpos.ndim != 2 or qpos.shape[1] != self.model.nq:
+            raise ValueError(
+                f"qpos must have shape (N, {self.model.nq}), got {tuple(qpos.shape)}."
+            )
+        camera_id = self._camera_id(camera)
+        rows = qpos.detach().to("cpu", torch.float64).numpy()
+        frames = np.empty((len(rows), self.height, self.width, 3), dtype=np.uint8)
+        for i, row in enumerate(rows):
+            self._data.qpos[:] = row
+            mujoco.mj_forward(self.model, self._data)
+            self._renderer.update_scene(self._data, camera=camera_id)
+            self._renderer.render(out=frames[i])
+        return torch.from_numpy(frames).to(qpos.device)
+
+    def close(self) -> None:
+        """Free the GL context now rather than at garbage collection."""
+        renderer = getattr(self, "_renderer", None)
+        if renderer is not None:
+            renderer.close()
+            self._renderer = None
+
+    def __enter__(self) -> BatchRenderer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _camera_id(self, camera: int | str | None) -> int:
+        if camera is None:
+            return -1
+        if isinstance(camera, str):
+            camera_id = mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_CAMERA, camera)
+            if camera_id < 0:
+                names = [self.model.camera(i).name for i in range(self.model.ncam)]
+                raise ValueError(f"camera {camera!r} is not in the model; its cameras: {names}.")
+            return camera_id
+        camera_id = int(camera)
+        if not -1 <= camera_id < self.model.ncam:
+            raise ValueError(
+                f"camera id must be in [-1, {self.model.ncam}), got {camera_id}."
+            )
+        return camera_id
+
+
+@contextlib.contextmanager
+def _gl_context_for(backend: str) -> Iterator[None]:
+    """Make :class:`mujoco.Renderer` use ``backend``'s GL context while it is built.
+
+    MuJoCo picks its GL context class when it is imported; if ``MUJOCO_GL`` was
+    unset then, it picked GLFW, which needs a display. This swaps in the
+    context class of ``backend`` for the duration of one construction.
+    """
+    gl_context = getattr(inspect.getmodule(mujoco.Renderer), "gl_context", None)
+    wanted = _GL_MODULES.get(backend)
+    current = getattr(gl_context, "GLContext", None)
+    if gl_context is None or wanted is None or (
+        current is not None and current.__module__.startswith(wanted)
+    ):
+        yield
+        return
+    gl_context.GLContext = importlib.import_module(wanted).GLContext
+    try:
+        yield
+    finally:
+        if current is None:
+            del gl_context.GLContext
+        else:
+            gl_context.GLContext = current

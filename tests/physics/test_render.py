@@ -1,0 +1,118 @@
+"""BatchRenderer: image shapes, that images follow qpos, and the missing-GL error.
+
+Rendering needs OpenGL: ``libosmesa6`` on a CPU machine (``MUJOCO_GL=osmesa``,
+the default chosen when unset), ``libegl1`` with a GPU. Tests that draw are
+skipped, with the install hint, when no backend works.
+"""
+
+from __future__ import annotations
+
+import mujoco
+import pytest
+import torch
+
+from waddle.physics import render
+from waddle.physics.render import BatchRenderer
+
+SCENE = """
+<mujoco>
+  <worldbody>
+    <light pos="0 0 2" dir="0 0 -1"/>
+    <geom type="plane" size="1 1 .1" rgba=".2 .3 .4 1"/>
+    <camera name="side" pos="0 -1 .3" xyaxes="1 0 0 0 0 1"/>
+    <body name="ball" pos="0 0 .2">
+      <freejoint/>
+      <geom type="sphere" size=".08" rgba="1 .2 .1 1"/>
+    </body>
+  </worldbody>
+</mujoco>
+"""
+WIDTH, HEIGHT = 40, 30
+
+
+@pytest.fixture(scope="module")
+def model():
+    return mujoco.MjModel.from_xml_string(SCENE)
+
+
+@pytest.fixture(scope="module")
+def renderer(model):
+    try:
+        built = BatchRenderer(model, width=WIDTH, height=HEIGHT)
+    except RuntimeError as err:
+        pytest.skip(str(err))
+    yield built
+    built.close()
+
+
+def ball_qpos(x: torch.Tensor) -> torch.Tensor:
+    """Free-joint poses with the ball at ``(x, 0, 0.2)``, upright."""
+    qpos = torch.zeros(len(x), 7)
+    qpos[:, 0], qpos[:, 2], qpos[:, 3] = x, 0.2, 1.0
+    return qpos
+
+
+def test_render_shape_and_dtype(renderer):
+    images = renderer.render(ball_qpos(torch.zeros(3)), camera="side")
+    assert images.shape == (3, HEIGHT, WIDTH, 3)
+    assert images.dtype == torch.uint8
+    assert renderer.size == (WIDTH, HEIGHT)
+    assert images.float().std() > 0  # not a blank frame
+
+
+def test_images_follow_qpos(renderer):
+    images = renderer.render(ball_qpos(torch.tensor([0.0, 0.0, 0.25])), camera="side")
+    assert torch.equal(images[0], images[1])
+    assert (images[0].float() - images[2].float()).abs().mean() > 1.0
+
+
+def test_camera_by_name_or_id(renderer, model):
+    qpos = ball_qpos(torch.tensor([0.1]))
+    side = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_CAMERA, "side")
+    assert torch.equal(renderer.render(qpos, camera="side"), renderer.render(qpos, camera=side))
+    assert renderer.render(qpos).shape == (1, HEIGHT, WIDTH, 3)  # free camera
+    with pytest.raises(ValueError, match="'top' is not in the model"):
+        renderer.render(qpos, camera="top")
+    with pytest.raises(ValueError, match="camera id"):
+        renderer.render(qpos, camera=5)
+
+
+def test_rejects_bad_qpos_shape(renderer):
+    with pytest.raises(ValueError, match=r"shape \(N, 7\)"):
+        renderer.render(torch.zeros(7))
+
+
+def test_larger_than_offscreen_buffer(model):
+    try:
+        with BatchRenderer(model, width=model.vis.global_.offwidth + 8, height=12) as wide:
+            images = wide.render(ball_qpos(torch.zeros(1)))
+    except RuntimeError as err:
+        pytest.skip(str(err))
+    assert images.shape == (1, 12, model.vis.global_.offwidth + 8, 3)
+
+
+def test_missing_gl_says_what_to_install(model, monkeypatch):
+    def no_gl(*args, **kwargs):
+        raise RuntimeError("Failed to create OSMesa GL context.")
+
+    monkeypatch.setattr(mujoco, "Renderer", no_gl)
+    with pytest.raises(RuntimeError) as info:
+        BatchRenderer(model, width=WIDTH, height=HEIGHT)
+    message = str(info.value)
+    for hint in ("apt-get install libosmesa6", "libegl1", "MUJOCO_GL=osmesa", "MUJOCO_GL=egl"):
+        assert hint in message
+    assert "Failed to create OSMesa GL context." in message
+
+
+@pytest.mark.parametrize("cuda, expected", [(False, "osmesa"), (True, "egl")])
+def test_gl_backend_default(monkeypatch, cuda, expected):
+    monkeypatch.setenv(render.GL_ENV_VAR, "")  # unset, and restored after the test
+    monkeypatch.setattr(render.sys, "platform", "linux")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    assert render.select_gl_backend() == expected
+    assert render.os.environ[render.GL_ENV_VAR] == expected
+
+
+def test_gl_backend_respects_the_environment(monkeypatch):
+    monkeypatch.setenv(render.GL_ENV_VAR, "EGL")
+    assert render.select_gl_backend() == "egl"
