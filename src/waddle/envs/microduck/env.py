@@ -1,0 +1,523 @@
+"""MicroDuckEnv: locomotion tasks (stand, walk, sidestep, jump) for the MicroDuck biped.
+
+The env is one class; tasks are data (:class:`MicroDuckTask` rows of a
+library, see ``tasks.py``) and the reward is a registry of named terms (see
+``rewards.py``). Each env picks a row at reset and keeps it for the episode.
+
+Observation (56 values, in this order; the ``*_START`` constants index it):
+
+====================  ====  ===================================================
+projected gravity       3   gravity direction in the trunk frame
+angular velocity        3   free-joint angular velocity (trunk frame)
+body velocity           3   free-joint linear velocity rotated into the trunk frame
+command                 2   planar (vx, vy) command of the episode, m/s
+joint error            14   joint positions minus the STAND keyframe
+joint velocity         14   joint velocities
+gait clock              3   sin, cos of the gait phase, and a 0->1 ramp after reset
+previous action        14   the action applied by the last step
+====================  ====  ===================================================
+
+The action is a normalized offset in ``[-1, 1]^14`` around the STAND
+actuator targets: ``ctrl = stand_ctrl + action_scale * action``, held for
+``CONTROL_DT`` = 0.02 s (50 Hz, 10 physics substeps). Actions outside the
+action space are clipped to it, as the bounded action spec says; with
+``diagnostics=True`` the fraction of clipped entries is reported.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from torchrl.data import Bounded, Categorical, Composite, Unbounded
+
+from waddle.envs.microduck import assets, constants, rewards
+from waddle.envs.microduck import tasks as presets
+from waddle.envs.microduck.tasks import MicroDuckTask
+from waddle.envs.mujoco_env import MujocoEnv
+from waddle.envs.rotations import projected_gravity, rotate, rotate_inverse
+
+_REFUSED_KWARGS = ("xml_path", "patch_xml", "frame_skip")
+
+
+class MicroDuckEnv(MujocoEnv):
+    """Locomotion tasks for the MicroDuck biped on any physics backend.
+
+    Args:
+        microduck_root: a microduck_rl checkout, an ``mjlab_microduck``
+            package directory or a scene XML. When omitted, the
+            ``MICRODUCK_RL_ROOT`` variable, an installed ``mjlab_microduck``,
+            a downloaded checkout under ``root`` and finally the embedded
+            mesh-free model are tried (:meth:`resolve_scene`).
+
+    Keyword Args:
+        tasks: one :class:`MicroDuckTask`, a sequence of them, or a stacked
+            library of shape ``(num_tasks,)``. Defaults to :meth:`tracking_task`.
+        action_scale: position-target offset in radians of a unit action.
+        diagnostics: add every weighted reward term (``diagnostic_reward_<term>``,
+            summing to the reward) and pose diagnostics to the observations.
+        root: directory of downloaded microduck_rl checkouts.
+        download: fetch the pinned microduck_rl commit into ``root`` when no
+            other source resolves (``"force"`` re-fetches).
+        backend: ``"mujoco"``, ``"mjx"`` or ``"mujoco-torch"``; ``None`` picks
+            the best one for ``device`` (native MuJoCo on a CPU).
+        low_cost_collisions: replace collision meshes by fitted boxes at load.
+        max_episode_steps: truncation horizon, at least 1.
+        **kwargs: forwarded to :class:`~waddle.envs.mujoco_env.MujocoEnv`:
+            ``num_envs``, ``device``, ``seed``, ``reset_noise_scale``,
+            ``from_pixels``, ``render_width``, ``render_height``,
+            ``camera_id``, ``dtype``, ``requires_grad``, backend options.
+
+    Example:
+        >>> env = MicroDuckEnv(num_envs=4, seed=0)
+        >>> rollout = env.rollout(10)
+        >>> rollout["observation"].shape
+        torch.Size([4, 10, 56])
+    """
+
+    NUM_JOINTS: ClassVar[int] = constants.NUM_JOINTS
+    FOOT_GEOMS: ClassVar[tuple[str, str]] = constants.FOOT_GEOMS
+    FOOT_SITES: ClassVar[tuple[str, str]] = constants.FOOT_SITES
+    PROJECTED_GRAVITY_START: ClassVar[int] = 0
+    ANGULAR_VELOCITY_START: ClassVar[int] = 3
+    BODY_VELOCITY_START: ClassVar[int] = 6
+    """Index of the body-frame linear velocity ``(vx, vy, vz)`` in the observation."""
+    COMMAND_START: ClassVar[int] = 9
+    """Index of the planar command ``(vx, vy)`` in the observation."""
+    JOINT_ERROR_START: ClassVar[int] = 11
+    JOINT_VELOCITY_START: ClassVar[int] = JOINT_ERROR_START + NUM_JOINTS
+    GAIT_PHASE_START: ClassVar[int] = JOINT_VELOCITY_START + NUM_JOINTS
+    """Index of the gait clock ``(sin, cos, ramp)`` in the observation."""
+    PREVIOUS_ACTION_START: ClassVar[int] = GAIT_PHASE_START + 3
+    OBSERVATION_DIM: ClassVar[int] = PREVIOUS_ACTION_START + NUM_JOINTS
+    SKIP_QPOS: ClassVar[int] = 0
+    COMMAND_THRESHOLD: ClassVar[float] = presets.COMMAND_THRESHOLD
+    """Planar command speed under which a task counts as standing."""
+    GAIT_PHASE_OFFSET: ClassVar[float] = -1.5237
+    """Phase of the gait clock at the first step, in radians."""
+    GAIT_RAMP_DURATION_S: ClassVar[float] = 0.4
+    """Seconds over which the gait ramp feature grows from 0 to 1 after a reset."""
+    GAIT_TERMS: ClassVar[tuple[str, ...]] = rewards.GAIT_TERMS
+    MIN_HEIGHT_RATIO: ClassVar[float] = 0.55
+    """A trunk lower than this fraction of the standing height has fallen."""
+    MIN_UPRIGHT: ClassVar[float] = 0.35
+    """A trunk whose tilt cosine is below this has fallen (about 70 degrees)."""
+    REWARD_TERMS: ClassVar[dict[str, rewards.RewardTerm]] = rewards.REWARD_TERMS
+    """Registered reward terms by name, in weight-vector order."""
+    REWARD_PARAMS: ClassVar[dict[str, float]] = rewards.REWARD_PARAMS
+    """Default value of every term parameter a :class:`MicroDuckTask` carries."""
+    ROOT_ENV_VAR: ClassVar[str] = assets.ROOT_ENV_VAR
+    MICRODUCK_RL_COMMIT: ClassVar[str] = assets.MICRODUCK_RL_COMMIT
+    RENDER_BACKGROUND: ClassVar[tuple[float, float, float] | None] = None
+    POSE_DIAGNOSTICS: ClassVar[tuple[str, ...]] = (
+        "height",
+        "upright",
+        "body_velocity_x",
+        "body_velocity_y",
+        "body_velocity_z",
+        "action_saturation_fraction",
+        "left_foot_contact",
+        "right_foot_contact",
+        "left_foot_height",
+        "right_foot_height",
+    )
+
+    # Task presets and the reward registry live in their own modules; the
+    # classmethods keep the reference API (``MicroDuckEnv.tracking_task(...)``).
+    tracking_task = staticmethod(presets.tracking_task)
+    standing_task = staticmethod(presets.standing_task)
+    speed_range_task = staticmethod(presets.speed_range_task)
+    sidestep_task = staticmethod(presets.sidestep_task)
+    jump_task = staticmethod(presets.jump_task)
+    make_task = staticmethod(presets.make_task)
+    register_reward = staticmethod(rewards.register_reward)
+
+    def __init__(
+        self,
+        microduck_root: str | Path | None = None,
+        *,
+        tasks: MicroDuckTask | Sequence[MicroDuckTask] | None = None,
+        action_scale: float = 0.35,
+        diagnostics: bool = False,
+        root: str | Path | None = None,
+        download: bool | str = False,
+        backend: str | None = None,
+        low_cost_collisions: bool = True,
+        max_episode_steps: int = 500,
+        **kwargs: Any,
+    ) -> None:
+        refused = [name for name in _REFUSED_KWARGS if name in kwargs]
+        if refused:
+            raise TypeError(f"MicroDuckEnv does not accept {refused}: the model and control rate are fixed.")
+        if not isinstance(action_scale, (int, float)) or not math.isfinite(action_scale) or action_scale <= 0:
+            raise ValueError(f"action_scale must be a finite number > 0, got {action_scale!r}.")
+        if isinstance(max_episode_steps, bool) or not isinstance(max_episode_steps, int) or max_episode_steps < 1:
+            raise ValueError(f"max_episode_steps must be an integer >= 1, got {max_episode_steps!r}.")
+        self.scene_path = self.resolve_scene(microduck_root, root=root, download=download)
+        spec = assets.load_spec(self.scene_path, low_cost_collisions=low_cost_collisions)
+        kwargs.setdefault("camera_id", constants.TRACKING_CAMERA)
+        super().__init__(
+            spec,
+            frame_skip=round(constants.CONTROL_DT / spec.option.timestep),
+            backend=backend,
+            site_names=self.FOOT_SITES,
+            contact_geom_names=self.FOOT_GEOMS,
+            **kwargs,
+        )
+        assets.check_model(self.model)
+        self.action_scale = float(action_scale)
+        self.diagnostics = bool(diagnostics)
+        self.max_episode_steps = max_episode_steps
+        library = presets.tracking_task() if tasks is None else tasks
+        self.tasks = presets.as_task_library(library).to(self.device)
+        self._configure_from_model()
+        self._allocate_episode_state()
+        self._make_specs()
+
+    # ------------------------------------------------------------------
+    # Construction
+    # ------------------------------------------------------------------
+
+    @staticmethod
+    def resolve_scene(
+        microduck_root: str | Path | None = None,
+        *,
+        root: str | Path | None = None,
+        download: bool | str = False,
+    ) -> Path:
+        """Locate the MicroDuck scene XML; see :func:`waddle.envs.microduck.assets.resolve_scene`."""
+        return assets.resolve_scene(microduck_root, root=root, download=download)
+
+    def _configure_from_model(self) -> None:
+        model = self.model
+        key = model.key(constants.STAND_KEYFRAME)
+        as_tensor = lambda array: torch.as_tensor(array.copy(), dtype=self.dtype, device=self.device)  # noqa: E731
+        self._home_qpos = as_tensor(key.qpos)
+        self._home_ctrl = as_tensor(key.ctrl)
+        self._standing_height = float(key.qpos[2])
+
+    def _allocate_episode_state(self) -> None:
+        n, j = self.num_envs, self.NUM_JOINTS
+        zeros = lambda *shape, dtype=self.dtype: torch.zeros(*shape, dtype=dtype, device=self.device)  # noqa: E731
+        self._task_id = zeros(n, dtype=torch.long)
+        self._episode_task = self.tasks[self._task_id]
+        self._command = zeros(n, 2)
+        self._step_count = zeros(n, dtype=torch.long)
+        self._previous_action = zeros(n, j)
+        self._contacts = zeros(n, 2, dtype=torch.bool)
+        self._foot_heights = zeros(n, 2)
+        self._air_time = zeros(n, 2)
+        self._touchdown_air_time = zeros(n, 2)
+
+    def _make_specs(self) -> None:
+        n = self.num_envs
+        num_tasks = self.tasks.shape[0]
+        task_id_spec = Bounded(0, num_tasks - 1, shape=(n, 1), dtype=torch.int64, device=self.device)
+        command_spec = Unbounded(shape=(n, 2), dtype=self.dtype, device=self.device)
+        observation = {
+            "observation": Unbounded(shape=(n, self.OBSERVATION_DIM), dtype=self.dtype, device=self.device),
+            "command": command_spec.clone(),
+            "task_id": task_id_spec.clone(),
+        }
+        if self.from_pixels:
+            observation["pixels"] = Bounded(
+                0, 255, shape=(n, self.render_height, self.render_width, 3), dtype=torch.uint8, device=self.device
+            )
+        if self.diagnostics:
+            for key in self._diagnostic_keys():
+                observation[key] = Unbounded(shape=(n, 1), dtype=self.dtype, device=self.device)
+        self.observation_spec = Composite(observation, shape=(n,))
+        self.state_spec = Composite(task_id=task_id_spec, command=command_spec, shape=(n,))
+        self.action_spec = Bounded(-1.0, 1.0, shape=(n, self.NUM_JOINTS), dtype=self.dtype, device=self.device)
+        self.reward_spec = Unbounded(shape=(n, 1), dtype=self.dtype, device=self.device)
+        done = Categorical(2, shape=(n, 1), dtype=torch.bool, device=self.device)
+        self.done_spec = Composite(done=done, terminated=done.clone(), truncated=done.clone(), shape=(n,))
+
+    def _diagnostic_keys(self) -> list[str]:
+        return [f"diagnostic_reward_{name}" for name in self.REWARD_TERMS] + [
+            f"diagnostic_{name}" for name in self.POSE_DIAGNOSTICS
+        ]
+
+    # ------------------------------------------------------------------
+    # Robot readings
+    # ------------------------------------------------------------------
+
+    def foot_contacts(self) -> torch.Tensor:
+        """A ``(num_envs, 2)`` bool tensor: left/right sole touching something."""
+        return self.physics.contacts()
+
+    def foot_heights(self) -> torch.Tensor:
+        """A ``(num_envs, 2)`` tensor of the left/right foot site heights."""
+        return self.physics.site_positions()[..., 2].to(self.dtype)
+
+    def _gait_clock(self) -> tuple[torch.Tensor, torch.Tensor]:
+        elapsed = self._step_count.to(self.dtype) * self.control_dt
+        frequency = (
+            self._episode_task.gait_frequency_hz
+            + self._episode_task.gait_frequency_per_mps * self._command.norm(dim=-1)
+        )
+        phase = self.GAIT_PHASE_OFFSET + 2.0 * math.pi * frequency * elapsed
+        ramp = (elapsed / self.GAIT_RAMP_DURATION_S).clamp(max=1.0)
+        return phase, ramp
+
+    def _observation(self, qpos: torch.Tensor, qvel: torch.Tensor) -> torch.Tensor:
+        quaternion = qpos[:, 3:7]
+        phase, ramp = self._gait_clock()
+        return torch.cat(
+            [
+                projected_gravity(quaternion),
+                qvel[:, 3:6],
+                rotate_inverse(quaternion, qvel[:, :3]),
+                self._command,
+                qpos[:, 7:] - self._home_qpos[7:],
+                qvel[:, 6:],
+                torch.stack([phase.sin(), phase.cos(), ramp], dim=-1),
+                self._previous_action,
+            ],
+            dim=-1,
+        )
+
+    def _fallen(self, qpos: torch.Tensor) -> torch.Tensor:
+        upright = -projected_gravity(qpos[:, 3:7])[:, 2]
+        return (qpos[:, 2] < self.MIN_HEIGHT_RATIO * self._standing_height) | (upright < self.MIN_UPRIGHT)
+
+    # ------------------------------------------------------------------
+    # Reset
+    # ------------------------------------------------------------------
+
+    def _reset(self, tensordict: TensorDictBase | None = None, **kwargs) -> TensorDictBase:
+        mask = None
+        if tensordict is not None and "_reset" in tensordict.keys():
+            mask = tensordict["_reset"].reshape(self.num_envs).to(self.device, torch.bool)
+        rows = torch.ones(self.num_envs, dtype=torch.bool, device=self.device) if mask is None else mask
+
+        task_id = self._draw_task_id(tensordict, rows)
+        episode_task = self.tasks[task_id]
+        command = self._draw_command(tensordict, episode_task, rows)
+        qpos, qvel = self._initial_state(episode_task, command)
+        self.physics.reset(qpos, qvel, mask)
+
+        column = rows.unsqueeze(-1)
+        self._task_id = torch.where(rows, task_id, self._task_id)
+        self._episode_task = self.tasks[self._task_id]
+        self._command = torch.where(column, command, self._command)
+        self._step_count = torch.where(rows, torch.zeros_like(self._step_count), self._step_count)
+        self._previous_action = torch.where(column, torch.zeros_like(self._previous_action), self._previous_action)
+        self._air_time = torch.where(column, torch.zeros_like(self._air_time), self._air_time)
+        self._touchdown_air_time = torch.where(column, torch.zeros_like(self._air_time), self._touchdown_air_time)
+        self._contacts = self.foot_contacts()
+        self._foot_heights = self.foot_heights()
+
+        qpos, qvel = self.physics.qpos, self.physics.qvel
+        out = self._observation_dict(qpos, qvel)
+        if self.diagnostics:
+            zeros = torch.zeros(self.num_envs, len(self.REWARD_TERMS), dtype=self.dtype, device=self.device)
+            out.update(self._diagnostics(qpos, qvel, zeros, torch.zeros_like(self._previous_action)))
+        false = torch.zeros(self.num_envs, 1, dtype=torch.bool, device=self.device)
+        out.update(done=false, terminated=false.clone(), truncated=false.clone())
+        return TensorDict(out, batch_size=self.batch_size, device=self.device)
+
+    def _draw_task_id(self, tensordict: TensorDictBase | None, rows: torch.Tensor) -> torch.Tensor:
+        num_tasks = self.tasks.shape[0]
+        if tensordict is not None and "task_id" in tensordict.keys():
+            task_id = tensordict["task_id"].to(self.device)
+            if task_id.shape == (self.num_envs, 1):
+                task_id = task_id.squeeze(-1)
+            if task_id.shape != (self.num_envs,) or task_id.is_floating_point() or task_id.dtype == torch.bool:
+                raise ValueError(
+                    f"task_id at reset must be an integer tensor of shape ({self.num_envs},) or "
+                    f"({self.num_envs}, 1); got {task_id.dtype} of shape {tuple(task_id.shape)}."
+                )
+            task_id = task_id.long()
+            outside = rows & ((task_id < 0) | (task_id >= num_tasks))
+            if outside.any():
+                raise ValueError(
+                    f"task_id at reset must index the library of {num_tasks} tasks (0..{num_tasks - 1}); "
+                    f"got {task_id[outside].tolist()}."
+                )
+            return torch.where(rows, task_id, self._task_id)
+        return torch.multinomial(self.tasks.weight, self.num_envs, replacement=True, generator=self.rng)
+
+    def _draw_command(
+        self, tensordict: TensorDictBase | None, episode_task: MicroDuckTask, rows: torch.Tensor
+    ) -> torch.Tensor:
+        low, high = episode_task.command_low, episode_task.command_high
+        if tensordict is not None and "command" in tensordict.keys():
+            command = tensordict["command"].to(self.device, self.dtype)
+            if command.shape != (self.num_envs, 2) or not torch.isfinite(command[rows]).all():
+                raise ValueError(
+                    f"command at reset must be a finite ({self.num_envs}, 2) tensor of (vx, vy); "
+                    f"got shape {tuple(command.shape)}."
+                )
+            outside = rows.unsqueeze(-1) & ((command < low - 1e-6) | (command > high + 1e-6))
+            if outside.any():
+                bad = outside.any(-1).nonzero().flatten().tolist()
+                raise ValueError(
+                    f"command at reset is outside the task's command box for envs {bad}: "
+                    f"got {command[bad].tolist()}, boxes low={low[bad].tolist()} high={high[bad].tolist()}."
+                )
+            return command
+        fraction = torch.rand(self.num_envs, 2, generator=self.rng, device=self.device, dtype=self.dtype)
+        return low + fraction * (high - low)
+
+    def _uniform(self, *shape: int) -> torch.Tensor:
+        """Uniform samples in [-1, 1) from the env's generator."""
+        return 2.0 * torch.rand(*shape, generator=self.rng, device=self.device, dtype=self.dtype) - 1.0
+
+    def _initial_state(self, episode_task: MicroDuckTask, command: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        n = self.num_envs
+        qpos = self._home_qpos.expand(n, -1).clone()
+        qvel = torch.zeros(n, self.physics.nv, dtype=self.dtype, device=self.device)
+        if self.reset_noise_scale > 0:
+            qpos[:, :2] += self.reset_noise_scale * self._uniform(n, 2)
+            qvel += self.reset_noise_scale * self._uniform(n, self.physics.nv)
+        qpos[:, 7:] += episode_task.joint_reset_noise_scale.unsqueeze(-1) * self._uniform(n, self.NUM_JOINTS)
+
+        # Warm start: a fraction of the moving tasks' envs start already moving
+        # along the command, so walking is seen before it is discovered.
+        speed_low, speed_high = episode_task.warm_start_velocity.unbind(-1)
+        speed = speed_low + torch.rand(n, generator=self.rng, device=self.device, dtype=self.dtype) * (
+            speed_high - speed_low
+        )
+        planar_speed = command.norm(dim=-1)
+        warm = torch.rand(n, generator=self.rng, device=self.device, dtype=self.dtype) < episode_task.warm_start_fraction
+        warm &= planar_speed > self.COMMAND_THRESHOLD
+        direction_body = torch.nn.functional.pad(command / planar_speed.clamp_min(1e-8).unsqueeze(-1), (0, 1))
+        velocity_world = speed.unsqueeze(-1) * rotate(qpos[:, 3:7], direction_body)
+        qvel[:, :3] = torch.where(warm.unsqueeze(-1), velocity_world, qvel[:, :3])
+        return qpos, qvel
+
+    # ------------------------------------------------------------------
+    # Step
+    # ------------------------------------------------------------------
+
+    def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
+        action = self._checked_action(tensordict["action"])
+        clipped = action.clamp(-1.0, 1.0)
+        self.physics.step(self._home_ctrl + self.action_scale * clipped)
+        qpos, qvel = self.physics.qpos, self.physics.qvel
+        nonfinite = ~(torch.isfinite(qpos).all(-1) & torch.isfinite(qvel).all(-1))
+        diverged = getattr(self.physics, "diverged", None)
+        if diverged is not None:
+            nonfinite = nonfinite | diverged
+        if nonfinite.any():
+            # Keep the batch finite: the broken envs report the home pose and
+            # are terminated, so they are reset before anyone reads them again.
+            home_qvel = torch.zeros_like(qvel)
+            qpos = torch.where(nonfinite.unsqueeze(-1), self._home_qpos.expand_as(qpos), qpos)
+            qvel = torch.where(nonfinite.unsqueeze(-1), home_qvel, qvel)
+
+        self._step_count = self._step_count + 1
+        self._update_contacts(nonfinite)
+        features = self.reward_features(TensorDict(qpos=qpos, qvel=qvel, batch_size=self.batch_size), clipped)
+        features["fallen"] = features["fallen"] | nonfinite
+        weighted = rewards.weighted_terms(
+            rewards.evaluate_terms(features, self._episode_task.params),
+            self._episode_task.reward_weights,
+            self.control_dt,
+        )
+        terminated = features["fallen"]
+        truncated = self._step_count >= self.max_episode_steps
+        self._previous_action = clipped
+
+        out = self._observation_dict(qpos, qvel)
+        if self.diagnostics:
+            out.update(self._diagnostics(qpos, qvel, weighted, action))
+        out.update(
+            reward=weighted.sum(-1, keepdim=True),
+            terminated=terminated.unsqueeze(-1),
+            truncated=truncated.unsqueeze(-1),
+            done=(terminated | truncated).unsqueeze(-1),
+        )
+        return TensorDict(out, batch_size=self.batch_size, device=self.device)
+
+    def _checked_action(self, action: torch.Tensor) -> torch.Tensor:
+        expected = (self.num_envs, self.NUM_JOINTS)
+        if tuple(action.shape) != expected:
+            raise ValueError(f"action must have shape {expected}, got {tuple(action.shape)}.")
+        if not action.is_floating_point():
+            raise ValueError(f"action must be a floating tensor of shape {expected}, got dtype {action.dtype}.")
+        if not torch.isfinite(action).all():
+            bad = (~torch.isfinite(action)).any(-1).nonzero().flatten().tolist()
+            raise ValueError(f"action of shape {expected} has non-finite entries in envs {bad}.")
+        return action.to(self.dtype)
+
+    def _update_contacts(self, nonfinite: torch.Tensor) -> None:
+        """Advance the per-foot air-time bookkeeping after a physics step."""
+        contacts = self.foot_contacts() & ~nonfinite.unsqueeze(-1)
+        landed = contacts & (self._air_time > 0)
+        self._touchdown_air_time = torch.where(landed, self._air_time, torch.zeros_like(self._air_time))
+        self._air_time = torch.where(contacts, torch.zeros_like(self._air_time), self._air_time + self.control_dt)
+        self._contacts = contacts
+        heights = self.foot_heights()
+        self._foot_heights = torch.where(nonfinite.unsqueeze(-1), torch.zeros_like(heights), heights)
+
+    def reward_features(self, state: TensorDictBase, action: torch.Tensor) -> TensorDictBase:
+        """The per-step features every reward term reads.
+
+        ``state`` holds ``qpos`` and ``qvel`` after the step and ``action`` is
+        the normalized action that led there; contacts, air times and the
+        previous action come from the env's current bookkeeping. See
+        :func:`waddle.envs.microduck.rewards.register_reward` for the entries.
+        """
+        qpos = state["qpos"].to(self.dtype)
+        qvel = state["qvel"].to(self.dtype)
+        quaternion = qpos[:, 3:7]
+        phase, _ = self._gait_clock()
+        n = qpos.shape[0]
+        return TensorDict(
+            {
+                "body_velocity": rotate_inverse(quaternion, qvel[:, :3]),
+                "angular_velocity": qvel[:, 3:6],
+                "upright": (-projected_gravity(quaternion)[:, 2]).clamp(-1.0, 1.0),
+                "base_height": qpos[:, 2],
+                "standing_height": torch.full((n,), self._standing_height, dtype=self.dtype, device=self.device),
+                "joint_error": qpos[:, 7:] - self._home_qpos[7:],
+                "joint_velocity": qvel[:, 6:],
+                "action": action.to(self.dtype),
+                "previous_action": self._previous_action,
+                "contacts": self._contacts,
+                "foot_heights": self._foot_heights,
+                "touchdown_air_time": self._touchdown_air_time,
+                "gait_phase": phase,
+                "command": self._command,
+                "fallen": self._fallen(qpos),
+            },
+            batch_size=(n,),
+            device=self.device,
+        )
+
+    def _observation_dict(self, qpos: torch.Tensor, qvel: torch.Tensor) -> dict[str, torch.Tensor]:
+        out = {
+            "observation": self._observation(qpos, qvel),
+            "command": self._command.clone(),
+            "task_id": self._task_id.unsqueeze(-1).clone(),
+        }
+        if self.from_pixels:
+            out["pixels"] = self.render()
+        return out
+
+    def _diagnostics(
+        self, qpos: torch.Tensor, qvel: torch.Tensor, weighted: torch.Tensor, action: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        out = {f"diagnostic_reward_{name}": weighted[:, i : i + 1] for i, name in enumerate(self.REWARD_TERMS)}
+        body_velocity = rotate_inverse(qpos[:, 3:7], qvel[:, :3])
+        pose = {
+            "height": qpos[:, 2],
+            "upright": -projected_gravity(qpos[:, 3:7])[:, 2],
+            "body_velocity_x": body_velocity[:, 0],
+            "body_velocity_y": body_velocity[:, 1],
+            "body_velocity_z": body_velocity[:, 2],
+            "action_saturation_fraction": (action.abs() > 1.0).to(self.dtype).mean(-1),
+            "left_foot_contact": self._contacts[:, 0].to(self.dtype),
+            "right_foot_contact": self._contacts[:, 1].to(self.dtype),
+            "left_foot_height": self._foot_heights[:, 0],
+            "right_foot_height": self._foot_heights[:, 1],
+        }
+        out.update({f"diagnostic_{name}": value.unsqueeze(-1) for name, value in pose.items()})
+        return out
+
