@@ -1,0 +1,108 @@
+"""Env steps per second of waddle's native backend, side by side with its limits.
+
+In one run, on the same embedded MicroDuck model and machine:
+
+* waddle ``MicroDuckEnv`` (native backend, random actions through ``env.rollout``)
+  at several batch sizes;
+* the MuJoCo C limit: the same instrumented model stepped by ``mujoco.rollout``
+  with the same threads and substeps, no Python env in between;
+* TorchRL's own ``torchrl.envs.MicroDuckEnv(scene, backend="mujoco")`` on the
+  same scene file.
+
+Usage: ``python benchmarks/throughput.py [--sizes 1 16 256 1024] [--steps 100]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import mujoco
+import numpy as np
+import torch
+from mujoco import rollout
+
+from waddle.envs.microduck import MicroDuckEnv
+
+
+def waddle_rate(num_envs: int, steps: int, threads: int) -> float:
+    env = MicroDuckEnv(num_envs=num_envs, seed=0, num_threads=threads)
+    env.rollout(5, break_when_any_done=False)  # warm-up
+    start = time.perf_counter()
+    env.rollout(steps, break_when_any_done=False)
+    rate = num_envs * steps / (time.perf_counter() - start)
+    env.close()
+    return rate
+
+
+def c_limit_rate(num_envs: int, steps: int, threads: int) -> float:
+    """``mujoco.rollout`` advancing every env ``steps`` control steps in one call."""
+    env = MicroDuckEnv(num_envs=1, seed=0)
+    model, frame_skip = env.physics.model, env.physics.frame_skip
+    data = mujoco.MjData(model)
+    mujoco.mj_resetDataKeyframe(model, data, model.key("STAND").id)
+    state_size = mujoco.mj_stateSize(model, mujoco.mjtState.mjSTATE_FULLPHYSICS)
+    state = np.empty(state_size)
+    mujoco.mj_getState(model, data, state, mujoco.mjtState.mjSTATE_FULLPHYSICS)
+    initial = np.tile(state, (num_envs, 1))
+    rng = np.random.default_rng(0)
+    ctrl = data.ctrl + 0.35 * 0.3 * rng.uniform(-1, 1, (num_envs, steps, 1, model.nu))
+    control = np.repeat(ctrl, frame_skip, axis=2).reshape(num_envs, steps * frame_skip, model.nu)
+    pool = rollout.Rollout(nthread=threads)
+    datas = [mujoco.MjData(model) for _ in range(threads)]
+    pool.rollout(model, datas, initial, control[:, :frame_skip])  # warm-up
+    start = time.perf_counter()
+    pool.rollout(model, datas, initial, control)
+    rate = num_envs * steps / (time.perf_counter() - start)
+    pool.close()
+    env.close()
+    return rate
+
+
+def torchrl_rate(num_envs: int, steps: int) -> float:
+    from torchrl.envs import MicroDuckEnv as TorchRLMicroDuckEnv
+
+    scene = MicroDuckEnv.resolve_scene()
+    env = TorchRLMicroDuckEnv(scene, backend="mujoco", num_envs=num_envs)
+    env.rollout(2, break_when_any_done=False)
+    start = time.perf_counter()
+    env.rollout(steps, break_when_any_done=False)
+    rate = num_envs * steps / (time.perf_counter() - start)
+    env.close()
+    return rate
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1, 16, 256, 1024])
+    parser.add_argument("--steps", type=int, default=100, help="control steps per measurement")
+    parser.add_argument("--torchrl-envs", type=int, default=256, help="batch size for TorchRL's env")
+    parser.add_argument("--torchrl-steps", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    args = parser.parse_args()
+    torch.set_num_threads(1)  # the physics threads, not torch's, do the work
+
+    print(f"MicroDuck scene: {MicroDuckEnv.resolve_scene()}; {args.threads} threads")
+    print(f"{'envs':>6} {'waddle steps/s':>15} {'C limit steps/s':>16} {'waddle / C':>11}")
+    results = {}
+    for size in args.sizes:
+        ours = waddle_rate(size, args.steps, args.threads)
+        limit = c_limit_rate(size, args.steps, args.threads)
+        results[size] = ours
+        print(f"{size:>6} {ours:>15,.0f} {limit:>16,.0f} {ours / limit:>11.2f}")
+
+    try:
+        theirs = torchrl_rate(args.torchrl_envs, args.torchrl_steps)
+    except Exception as err:  # report, do not hide, why the comparison is missing
+        print(f"TorchRL MicroDuckEnv could not run: {type(err).__name__}: {err}")
+        return
+    ours = results.get(args.torchrl_envs) or waddle_rate(args.torchrl_envs, args.steps, args.threads)
+    print(
+        f"TorchRL MicroDuckEnv(backend='mujoco') at {args.torchrl_envs} envs: {theirs:,.0f} steps/s; "
+        f"waddle / TorchRL = {ours / theirs:.1f}x"
+    )
+
+
+if __name__ == "__main__":
+    main()
