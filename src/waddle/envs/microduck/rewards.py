@@ -1,0 +1,428 @@
+"""MicroDuck reward terms: small pure functions in one ordered registry.
+
+A term reads the step's feature TensorDict and the episode's task parameters
+and returns one value per env::
+
+    def term(features: TensorDict, params: TensorDict) -> Tensor  # shape (N,)
+
+``features`` has batch size ``(N,)`` and the entries
+
+========================  ==========  ==========================================
+key                       shape       meaning
+========================  ==========  ==========================================
+``body_velocity``         ``(N, 3)``  base linear velocity in the body frame
+``angular_velocity``      ``(N, 3)``  base angular velocity in the body frame
+``upright``               ``(N,)``    cosine of the trunk tilt
+``base_height``           ``(N,)``    base height above the floor
+``standing_height``       ``(N,)``    base height of the standing keyframe
+``joint_error``           ``(N, 14)`` joint positions minus the standing pose
+``joint_velocity``        ``(N, 14)`` joint velocities
+``action``                ``(N, 14)`` normalized action of this step
+``previous_action``       ``(N, 14)`` normalized action of the previous step
+``contacts``              ``(N, 2)``  bool, left and right foot on the floor
+``foot_heights``          ``(N, 2)``  left and right foot height
+``touchdown_air_time``    ``(N, 2)``  air time of a foot that landed this step, else 0
+``gait_phase``            ``(N,)``    gait clock phase in radians
+``command``               ``(N, 2)``  planar velocity command ``(vx, vy)``
+``fallen``                ``(N,)``    bool, the trunk fell this step
+========================  ==========  ==========================================
+
+and ``params`` holds one ``(N,)`` entry per key of :data:`REWARD_PARAMS`.
+
+:data:`REWARD_TERMS` is ordered: its order is the order of every task's
+``reward_weights`` vector and of the columns of :func:`evaluate_terms`. The
+reward of a step is the row sum of :func:`weighted_terms`, and each column is
+that term's share, ready to be logged by name.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from tensordict import TensorDictBase
+
+TermFn = Callable[[TensorDictBase, TensorDictBase], torch.Tensor]
+
+COMMAND_THRESHOLD = 0.01
+"""Planar command speed (m/s) at or under which a task counts as standing."""
+
+GAIT_MIN_UPRIGHT = 0.35
+"""Tilt cosine under which the contact and hop terms pay nothing (about 70 degrees)."""
+
+GAIT_TERMS: tuple[str, ...] = ("air_time", "swing_height", "phase_contact", "double_support")
+"""Terms that shape stepping; the standing and jump presets turn them off."""
+
+RESERVED_PARAM_NAMES = frozenset(
+    {
+        "name",
+        "weight",
+        "reward_weights",
+        "params",
+        "command_low",
+        "command_high",
+        "warm_start_velocity",
+        "warm_start_fraction",
+        "joint_reset_noise_scale",
+        "gait_frequency_hz",
+        "gait_frequency_per_mps",
+    }
+)
+"""Names a task already uses for its own fields; ``make_task`` overrides share one namespace."""
+
+
+@dataclass(frozen=True)
+class RewardTerm:
+    """One registered term: its function, default weight and time scaling."""
+
+    fn: TermFn
+    """``(features, params) -> Tensor`` of shape ``(N,)``."""
+    weight: float
+    """Weight of the term in every preset unless a task's ``reward_weights`` say otherwise."""
+    per_second: bool
+    """If True the term is a rate and is multiplied by the control period."""
+    params: tuple[str, ...] = ()
+    """Names of the :data:`REWARD_PARAMS` entries this term registered."""
+
+
+REWARD_TERMS: dict[str, RewardTerm] = {}
+"""Registered terms by name, in weight-vector order."""
+
+REWARD_PARAMS: dict[str, float] = {}
+"""Default value of every term parameter a task carries."""
+
+
+def register_reward(
+    name: str, *, weight: float = 0.0, per_second: bool = True, **params: float
+) -> Callable[[TermFn], TermFn]:
+    """Decorator adding a reward term that every task can weight.
+
+    Args:
+        name: term name, unique; it names the term's column in logs and diagnostics.
+        weight: default weight in every preset. ``0.0`` (the default) leaves
+            existing presets unchanged until their ``reward_weights`` name it.
+        per_second: True for a rate, multiplied by the control period; False
+            for a one-off amount such as the fall penalty.
+        **params: defaults of the parameters the term reads from ``params``.
+            A parameter name belongs to one term only.
+
+    Tasks carry one weight per registered term, so register terms before
+    building tasks: a task built earlier is refused by the env.
+
+    Example:
+        >>> @register_reward("still_head", still_head_std=1.0)
+        ... def still_head(features, params):
+        ...     head = features["joint_velocity"][..., 5:9].square().sum(-1)
+        ...     return torch.exp(-head / params["still_head_std"].square())
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"register_reward: name must be a non-empty string, got {name!r}.")
+    _check_unregistered(name)
+    if not isinstance(per_second, bool):
+        raise ValueError(f"register_reward({name!r}): per_second must be True or False, got {per_second!r}.")
+    if not _is_finite_number(weight):
+        raise ValueError(f"register_reward({name!r}): weight must be a finite number, got {weight!r}.")
+    for key, value in params.items():
+        if key in RESERVED_PARAM_NAMES:
+            raise ValueError(
+                f"register_reward({name!r}): param {key!r} is a task field name; "
+                f"reserved names: {sorted(RESERVED_PARAM_NAMES)}."
+            )
+        if key in REWARD_PARAMS:
+            raise ValueError(
+                f"register_reward({name!r}): param {key!r} is already registered by term "
+                f"{_param_owner(key)!r}; a parameter name may be registered by one term only."
+            )
+        if not _is_finite_number(value):
+            raise ValueError(f"register_reward({name!r}): param {key!r} must be a finite number, got {value!r}.")
+
+    def decorator(fn: TermFn) -> TermFn:
+        if not callable(fn):
+            raise ValueError(f"register_reward({name!r}) decorates a function (features, params) -> Tensor.")
+        _check_unregistered(name)
+        REWARD_TERMS[name] = RewardTerm(fn, float(weight), per_second, tuple(params))
+        REWARD_PARAMS.update({key: float(value) for key, value in params.items()})
+        return fn
+
+    return decorator
+
+
+def evaluate_terms(features: TensorDictBase, params: TensorDictBase) -> torch.Tensor:
+    """Unweighted value of every registered term, ``(N, num_terms)`` in registry order."""
+    batch = tuple(features.batch_size)
+    dtype = features["body_velocity"].dtype
+    columns = []
+    for name, term in REWARD_TERMS.items():
+        value = term.fn(features, params)
+        if tuple(value.shape) != batch:
+            raise ValueError(
+                f"reward term {name!r} returned shape {tuple(value.shape)}; "
+                f"terms return one value per env, shape {batch}."
+            )
+        columns.append(value.to(dtype))
+    return torch.stack(columns, dim=-1)
+
+
+def weighted_terms(term_values: torch.Tensor, weights: torch.Tensor, control_dt: float) -> torch.Tensor:
+    """Each term's share of the reward, ``(N, num_terms)``; the row sum is the reward.
+
+    Args:
+        term_values: output of :func:`evaluate_terms`, ``(N, num_terms)``.
+        weights: one weight row per env, ``(N, num_terms)`` (or one shared
+            ``(num_terms,)`` row), in registry order.
+        control_dt: control period in seconds; per-second terms are
+            multiplied by it.
+
+    A zero weight yields exactly zero, even for a non-finite term value, so an
+    all-zero row gives zero reward.
+    """
+    num_terms = len(REWARD_TERMS)
+    if term_values.shape[-1:] != (num_terms,):
+        raise ValueError(
+            f"term_values must end with one column per registered term ({num_terms}), "
+            f"got shape {tuple(term_values.shape)}."
+        )
+    if weights.shape[-1:] != (num_terms,):
+        raise ValueError(
+            f"weights must have one entry per registered term ({num_terms}: {tuple(REWARD_TERMS)}), "
+            f"got shape {tuple(weights.shape)}; register terms before building tasks."
+        )
+    if not _is_finite_number(control_dt) or float(control_dt) <= 0:
+        raise ValueError(f"control_dt must be a finite number of seconds > 0, got {control_dt!r}.")
+    control_dt = float(control_dt)
+    scale = torch.tensor(
+        [control_dt if term.per_second else 1.0 for term in REWARD_TERMS.values()],
+        dtype=term_values.dtype,
+        device=term_values.device,
+    )
+    weights = weights.to(term_values.dtype)
+    return torch.where(weights != 0, term_values * weights * scale, torch.zeros_like(term_values))
+
+
+def default_weights() -> dict[str, float]:
+    """Registered default weight of every term, in registry order."""
+    return {name: term.weight for name, term in REWARD_TERMS.items()}
+
+
+def _check_unregistered(name: str) -> None:
+    if name in REWARD_TERMS:
+        raise ValueError(
+            f"register_reward: a term named {name!r} is already registered; "
+            f"registered terms: {tuple(REWARD_TERMS)}."
+        )
+
+
+def _param_owner(key: str) -> str | None:
+    return next((name for name, term in REWARD_TERMS.items() if key in term.params), None)
+
+
+def _is_finite_number(value: object) -> bool:
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.dtype == torch.bool:
+        value = value.item()
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+# ---------------------------------------------------------------------------
+# Shared pieces of the built-in terms
+# ---------------------------------------------------------------------------
+
+
+def _command_axis(command: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Unit vector along the command (zero when standing), the commanded speed, and the moving mask."""
+    speed = torch.linalg.vector_norm(command, dim=-1)
+    moving = speed > COMMAND_THRESHOLD
+    axis = command / speed.clamp_min(1e-8).unsqueeze(-1)
+    return torch.where(moving.unsqueeze(-1), axis, torch.zeros_like(axis)), speed, moving
+
+
+def _split_along_command(
+    vector: torch.Tensor, command: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Planar ``vector`` along the command, squared across it, and the moving mask.
+
+    A standing command has no axis: along is zero and all of ``vector`` is across.
+    """
+    axis, _, moving = _command_axis(command)
+    along = (vector * axis).sum(-1)
+    across = vector[..., 1] * axis[..., 0] - vector[..., 0] * axis[..., 1]
+    return along, torch.where(moving, across.square(), vector.square().sum(-1)), moving
+
+
+def _progress_fraction(features: TensorDictBase) -> torch.Tensor:
+    """Velocity along the command over the commanded speed, clipped to [-1, 1]; zero when standing."""
+    axis, speed, moving = _command_axis(features["command"])
+    along = (features["body_velocity"][..., :2] * axis).sum(-1)
+    fraction = (along / speed.clamp_min(1e-8)).clamp(-1.0, 1.0)
+    return torch.where(moving, fraction, torch.zeros_like(fraction))
+
+
+def _upright_gate(features: TensorDictBase) -> torch.Tensor:
+    """1 while the trunk is upright enough to step or hop, else 0."""
+    upright = features["upright"]
+    return (upright >= GAIT_MIN_UPRIGHT).to(upright.dtype)
+
+
+def _stepping_gate(features: TensorDictBase, params: TensorDictBase) -> torch.Tensor:
+    """Gait credit: ``floor + (1 - floor) * progress`` (progress clipped to [0, 1]), while upright.
+
+    Stepping in place keeps ``gait_progress_floor`` of the credit, so a policy
+    can leave the standing optimum; the rest needs motion along the command.
+    """
+    floor = params["gait_progress_floor"]
+    progress = _progress_fraction(features).clamp_min(0.0)
+    return (floor + (1.0 - floor) * progress) * _upright_gate(features)
+
+
+def _left_swings(features: TensorDictBase) -> torch.Tensor:
+    """True where the gait clock puts the left foot in swing (mirrored for backward commands)."""
+    direction = torch.where(features["command"][..., 0] < 0, -1.0, 1.0)
+    return direction * torch.sin(features["gait_phase"]) > 0
+
+
+def _tilt_squared(upright: torch.Tensor) -> torch.Tensor:
+    """Squared tilt angle from its cosine, with a finite gradient at zero tilt.
+
+    ``acos`` has an infinite slope at 1, so near upright the series
+    ``acos(c)**2 = 2 (1 - c) + O((1 - c)**2)`` is used instead.
+    """
+    cosine = upright.clamp(-1.0, 1.0)
+    near = cosine > 1.0 - 1e-4
+    safe = torch.where(near, torch.zeros_like(cosine), cosine)
+    return torch.where(near, 2.0 * (1.0 - cosine), torch.acos(safe).square())
+
+
+# ---------------------------------------------------------------------------
+# Built-in terms, in weight-vector order
+# ---------------------------------------------------------------------------
+
+
+@register_reward("tracking", weight=2.0, tracking_std=0.1, tracking_off_axis_std=0.05)
+def tracking(features: TensorDictBase, params: TensorDictBase) -> torch.Tensor:
+    """Gaussian of the planar velocity error, ``tracking_off_axis_std`` across the command (isotropic when standing)."""
+    error = features["body_velocity"][..., :2] - features["command"]
+    along, across_sq, moving = _split_along_command(error, features["command"])
+    across_std = torch.where(moving, params["tracking_off_axis_std"], params["tracking_std"])
+    return torch.exp(-along.square() / params["tracking_std"].square() - across_sq / across_std.square())
+
+
+@register_reward("yaw_rate", weight=1.0, yaw_rate_std=0.5**0.5)
+def yaw_rate(features: TensorDictBase, params: TensorDictBase) -> torch.Tensor:
+    """Gaussian of the yaw rate around zero."""
+    return torch.exp(-features["angular_velocity"][..., 2].square() / params["yaw_rate_std"].square())
+
+
+@register_reward("upright", weight=2.0, upright_std=0.05**0.5)
+def upright(features: TensorDictBase, params: TensorDictBase) -> torch.Tensor:
+    """Gaussian of the trunk tilt angle."""
+    return torch.exp(-_tilt_squared(features["upright"]) / params["upright_std"].square())
+
+
+@register_reward("pose", weight=1.0, pose_std=0.5)
+def pose(features: TensorDictBase, params: TensorDictBase) -> torch.Tensor:
+    """Gaussian of the mean squared joint error from the standing pose."""
+    return torch.exp(-features["joint_error"].square().mean(-1) / params["pose_std"].square())
+
+
+@register_reward("progress", weight=2.0)
+def progress(features: TensorDictBase, params: TensorDictBase) -> torch.Tensor:
+    """Linear in the velocity along the command, as a fraction of it in [-1, 1]; zero when standing."""
+    return _progress_fraction(features)
+
+
+@register_reward("air_time", weight=3.0, air_time_min=0.125, air_time_max=0.3, gait_progress_floor=0.5)
+def air_time(features: TensorDictBase, params: TensorDictBase) -> torch.Tensor:
+    """Air time of each landing foot inside ``[air_time_min, air_time_max]``, counted from the minimum."""
+    low = params["air_time_min"].unsqueeze(-1)
+    high = params["air_time_max"].unsqueeze(-1)
+    credit = torch.clamp(features["touchdown_air_time"], low, high) - low
+    return credit.sum(-1) * _stepping_gate(features, params)
+
+
+@register_reward("swing_height", weight=2.0, swing_target_height=0.02)
+def swing_height(features: TensorDictBase, params: TensorDictBase) -> torch.Tensor:
+    """Lift of the clock's swing foot as a fraction of ``swing_target_height``, capped at one."""
+    left = _left_swings(features)
+    swing = torch.stack((left, ~left), dim=-1)
+    lift = (features["foot_heights"] / params["swing_target_height"].unsqueeze(-1)).clamp(0.0, 1.0)
+    return (lift * swing).sum(-1) * _stepping_gate(features, params)
+
+
+@register_reward("phase_contact", weight=3.0)
+def phase_contact(features: TensorDictBase, params: TensorDictBase) -> torch.Tensor:
+    """1 on single support on the clock's stance foot, with the swing foot in the air."""
+    left = _left_swings(features)
+    expected = torch.stack((~left, left), dim=-1)
+    in_phase = (features["contacts"] == expected).all(-1)
+    return in_phase.to(features["upright"].dtype) * _stepping_gate(features, params)
+
+
+@register_reward("double_support", weight=-1.0)
+def double_support(features: TensorDictBase, params: TensorDictBase) -> torch.Tensor:
+    """1 with both feet on the floor (a penalty under its negative weight)."""
+    planted = features["contacts"].all(-1)
+    return planted.to(features["upright"].dtype) * _stepping_gate(features, params)
+
+
+@register_reward("ang_vel_xy", weight=-0.05)
+def ang_vel_xy(features: TensorDictBase, params: TensorDictBase) -> torch.Tensor:
+    """Squared roll and pitch rates."""
+    return features["angular_velocity"][..., :2].square().sum(-1)
+
+
+@register_reward("lin_vel_z", weight=-2.0)
+def lin_vel_z(features: TensorDictBase, params: TensorDictBase) -> torch.Tensor:
+    """Squared vertical base velocity."""
+    return features["body_velocity"][..., 2].square()
+
+
+@register_reward("action_rate", weight=-0.1)
+def action_rate(features: TensorDictBase, params: TensorDictBase) -> torch.Tensor:
+    """Squared change of the action since the previous step."""
+    return (features["action"] - features["previous_action"]).square().sum(-1)
+
+
+@register_reward("joint_velocity", weight=-0.001)
+def joint_velocity(features: TensorDictBase, params: TensorDictBase) -> torch.Tensor:
+    """Squared joint velocities."""
+    return features["joint_velocity"].square().sum(-1)
+
+
+@register_reward("drift", weight=0.0, drift_speed_scale=0.3)
+def drift(features: TensorDictBase, params: TensorDictBase) -> torch.Tensor:
+    """Planar speed over ``drift_speed_scale``, capped at one: linear where tracking saturates."""
+    speed = torch.linalg.vector_norm(features["body_velocity"][..., :2], dim=-1)
+    return (speed / params["drift_speed_scale"]).clamp(max=1.0)
+
+
+@register_reward("hop_rhythm", weight=0.0, hop_velocity_amplitude=0.1)
+def hop_rhythm(features: TensorDictBase, params: TensorDictBase) -> torch.Tensor:
+    """Vertical velocity on the beat (up while cos(phase) > 0) over ``hop_velocity_amplitude``, in [-1, 1]."""
+    beat = torch.sign(torch.cos(features["gait_phase"]))
+    fraction = features["body_velocity"][..., 2] * beat / params["hop_velocity_amplitude"]
+    return fraction.clamp(-1.0, 1.0) * _upright_gate(features)
+
+
+@register_reward("launch", weight=0.0, launch_velocity_scale=0.5)
+def launch(features: TensorDictBase, params: TensorDictBase) -> torch.Tensor:
+    """Upward velocity with both feet planted over ``launch_velocity_scale``, in [0, 1]: the take-off."""
+    planted = features["contacts"].all(-1).to(features["upright"].dtype)
+    upward = (features["body_velocity"][..., 2] / params["launch_velocity_scale"]).clamp(0.0, 1.0)
+    return upward * planted * _upright_gate(features)
+
+
+@register_reward("jump", weight=0.0, jump_target_height=0.005)
+def jump(features: TensorDictBase, params: TensorDictBase) -> torch.Tensor:
+    """Height above standing with both feet off the floor, full from ``jump_target_height`` on."""
+    gain = ((features["base_height"] - features["standing_height"]) / params["jump_target_height"]).clamp(0.0, 1.0)
+    airborne = (~features["contacts"].any(-1)).to(gain.dtype)
+    return gain * airborne * _upright_gate(features)
+
+
+@register_reward("termination", weight=-4.0, per_second=False)
+def termination(features: TensorDictBase, params: TensorDictBase) -> torch.Tensor:
+    """1 on the step the trunk falls (a one-off penalty, not scaled by the control period)."""
+    return features["fallen"].to(features["upright"].dtype)
+

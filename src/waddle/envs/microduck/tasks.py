@@ -1,0 +1,444 @@
+"""MicroDuck tasks as data: one :class:`MicroDuckTask` row per task, stacked into a library.
+
+A task fixes, for the episodes that draw it, the command box, the reset
+distribution, the gait clock and the reward (one weight per registered term
+and the term parameters). Tasks are presets over one env, not env
+subclasses: :func:`tracking_task`, :func:`standing_task`,
+:func:`speed_range_task`, :func:`sidestep_task` and :func:`jump_task` all
+call :func:`make_task`, and :func:`as_task_library` turns one task or several
+into the ``(num_tasks,)`` library an env holds.
+
+Example:
+    >>> library = as_task_library([tracking_task(0.2, weight=2.0), jump_task()])
+    >>> library.shape, list(library.name)
+    (torch.Size([2]), ['tracking+0.20', 'jump'])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from tensordict import TensorDict, tensorclass
+
+from waddle.envs.microduck.rewards import COMMAND_THRESHOLD, GAIT_TERMS, REWARD_PARAMS, REWARD_TERMS, default_weights
+
+__all__ = [
+    "COMMAND_THRESHOLD",
+    "MicroDuckTask",
+    "as_task_library",
+    "jump_task",
+    "make_task",
+    "sidestep_task",
+    "speed_range_task",
+    "standing_task",
+    "tracking_task",
+]
+
+GAIT_FREQUENCY_HZ = 1.8913
+"""Gait clock frequency of the fixed-speed presets: the cadence of the reference walking gait."""
+
+JOINT_RESET_NOISE_SCALE = 0.02
+"""Half-width in radians of the uniform joint noise added at reset."""
+
+POSE_STD_STANDING = 0.1
+"""Tight pose Gaussian for standing: the joints should stay at the keyframe."""
+
+POSE_STD_MOVING = 0.5
+"""Loose pose Gaussian for walking and hopping, which need the legs to move."""
+
+HOP_FREQUENCY_HZ = 2.0
+"""Clock of the jump task: the beat ``hop_rhythm`` follows."""
+
+JUMP_REWARD_WEIGHTS: dict[str, float] = {
+    "hop_rhythm": 1.0,
+    "launch": 30.0,
+    "jump": 10.0,
+    "drift": -5.0,
+    "lin_vel_z": 0.0,
+}
+"""Weights the jump preset sets on top of the registered defaults (gait terms are off too)."""
+
+TASK_FIELDS: dict[str, Any] = {
+    "warm_start_velocity": (0.0, 0.0),
+    "warm_start_fraction": 0.0,
+    "joint_reset_noise_scale": JOINT_RESET_NOISE_SCALE,
+    "gait_frequency_hz": GAIT_FREQUENCY_HZ,
+    "gait_frequency_per_mps": 0.0,
+}
+"""Reset and clock fields :func:`make_task` accepts by name, with their defaults."""
+
+
+@tensorclass
+class MicroDuckTask:
+    """One MicroDuck task as a row of tensors and a name; a library is a stack of rows.
+
+    Stack tasks with :func:`torch.stack` (which checks that every task has the
+    full weight vector and parameter keys) or :func:`as_task_library` (which
+    also range checks every field). Index a library with ``library[task_id]``
+    to get one row per env.
+
+    Args:
+        command_low: lower corner of the planar command box ``(vx, vy)`` in
+            m/s, shape ``(2,)``. A fixed command has ``command_low == command_high``.
+        command_high: upper corner of the box, shape ``(2,)``; the command is
+            drawn uniformly in the box at reset and held for the episode.
+        warm_start_velocity: ``(low, high)`` speed in m/s, shape ``(2,)``: a
+            warm-started env begins moving along its command at a speed drawn
+            from it.
+        warm_start_fraction: fraction of the resets under a nonzero command
+            that are warm-started, in ``[0, 1]``.
+        joint_reset_noise_scale: half-width in radians of the uniform noise
+            added to the joint positions at reset.
+        gait_frequency_hz: gait clock frequency at zero command.
+        gait_frequency_per_mps: clock frequency added per m/s of command speed.
+        reward_weights: one weight per registered term, in the order of
+            :data:`~waddle.envs.microduck.rewards.REWARD_TERMS`, shape
+            ``(num_terms,)``. An all-zero row gives zero reward.
+        params: one scalar per key of
+            :data:`~waddle.envs.microduck.rewards.REWARD_PARAMS`.
+        weight: share of the task in the env's own draw at reset, >= 0.
+        name: label for logs and evaluation.
+    """
+
+    command_low: torch.Tensor
+    command_high: torch.Tensor
+    warm_start_velocity: torch.Tensor
+    warm_start_fraction: torch.Tensor
+    joint_reset_noise_scale: torch.Tensor
+    gait_frequency_hz: torch.Tensor
+    gait_frequency_per_mps: torch.Tensor
+    reward_weights: torch.Tensor
+    params: TensorDict
+    weight: torch.Tensor
+    name: str
+
+
+def make_task(
+    command_low: Sequence[float],
+    command_high: Sequence[float],
+    *,
+    name: str,
+    weight: float = 1.0,
+    reward_weights: Mapping[str, float] | None = None,
+    **overrides: Any,
+) -> MicroDuckTask:
+    """Build a task from a command box, a name and overrides.
+
+    Args:
+        command_low: ``(vx, vy)`` lower corner of the command box, m/s.
+        command_high: ``(vx, vy)`` upper corner of the command box, m/s.
+        name: label of the task.
+        weight: share of the task in the env's own draw at reset.
+        reward_weights: term name to weight, replacing the registered
+            defaults of those terms.
+        **overrides: reset and clock fields (the keys of :data:`TASK_FIELDS`)
+            or term parameters (keys of ``REWARD_PARAMS``) by name.
+
+    Example:
+        >>> task = make_task((0.1, 0.0), (0.3, 0.0), name="walk", tracking_std=0.2, gait_frequency_per_mps=5.0)
+        >>> float(task.params["tracking_std"]), float(task.gait_frequency_per_mps)
+        (0.2, 5.0)
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"make_task: name must be a non-empty string, got {name!r}.")
+    fields = dict(TASK_FIELDS)
+    params = dict(REWARD_PARAMS)
+    for key, value in overrides.items():
+        if key in fields:
+            fields[key] = value
+        elif key in params:
+            params[key] = value
+        else:
+            raise ValueError(
+                f"make_task({name!r}): unknown override {key!r}; accepted: the task fields "
+                f"{sorted(fields)} or the reward params {sorted(params)}."
+            )
+    weights = default_weights()
+    unknown = sorted(set(reward_weights or {}) - set(weights))
+    if unknown:
+        raise ValueError(
+            f"make_task({name!r}): reward_weights names unregistered terms {unknown}; "
+            f"registered terms: {tuple(weights)}."
+        )
+    weights.update(reward_weights or {})
+    weight_row = [_as_float(value, (), f"reward_weights[{term!r}]", name) for term, value in weights.items()]
+    task = MicroDuckTask(
+        command_low=_as_float(command_low, (2,), "command_low", name),
+        command_high=_as_float(command_high, (2,), "command_high", name),
+        warm_start_velocity=_as_float(fields["warm_start_velocity"], (2,), "warm_start_velocity", name),
+        warm_start_fraction=_as_float(fields["warm_start_fraction"], (), "warm_start_fraction", name),
+        joint_reset_noise_scale=_as_float(fields["joint_reset_noise_scale"], (), "joint_reset_noise_scale", name),
+        gait_frequency_hz=_as_float(fields["gait_frequency_hz"], (), "gait_frequency_hz", name),
+        gait_frequency_per_mps=_as_float(fields["gait_frequency_per_mps"], (), "gait_frequency_per_mps", name),
+        reward_weights=torch.stack(weight_row),
+        params=TensorDict({key: _as_float(value, (), key, name) for key, value in params.items()}, batch_size=[]),
+        weight=_as_float(weight, (), "weight", name),
+        name=name,
+        batch_size=[],
+    )
+    _check_rows(task.unsqueeze(0))
+    return task
+
+
+# ---------------------------------------------------------------------------
+# Presets
+# ---------------------------------------------------------------------------
+
+
+def tracking_task(
+    speed: float = 0.03,
+    *,
+    weight: float = 1.0,
+    reward_weights: Mapping[str, float] | None = None,
+    **overrides: Any,
+) -> MicroDuckTask:
+    """Walk at a fixed forward speed in m/s (negative walks backward); the default task.
+
+    The gait terms are on and the pose Gaussian loose. A speed at or under
+    :data:`COMMAND_THRESHOLD` has no direction to walk in and gives
+    :func:`standing_task` instead. ``overrides`` (including ``name=``) go to
+    :func:`make_task`.
+    """
+    speed = float(speed)
+    if abs(speed) <= COMMAND_THRESHOLD:
+        return standing_task(weight=weight, reward_weights=reward_weights, **overrides)
+    return make_task(
+        (speed, 0.0),
+        (speed, 0.0),
+        weight=weight,
+        reward_weights=reward_weights,
+        **{"name": f"tracking{speed:+.2f}", "pose_std": POSE_STD_MOVING, **overrides},
+    )
+
+
+def standing_task(
+    *, weight: float = 1.0, reward_weights: Mapping[str, float] | None = None, **overrides: Any
+) -> MicroDuckTask:
+    """Balance in place under a zero command.
+
+    The gait terms are off and the pose Gaussian tight, which leaves tracking
+    toward zero velocity, posture, uprightness and the regularization costs.
+    """
+    return make_task(
+        (0.0, 0.0),
+        (0.0, 0.0),
+        weight=weight,
+        reward_weights={**dict.fromkeys(GAIT_TERMS, 0.0), **(reward_weights or {})},
+        **{"name": "standing", "pose_std": POSE_STD_STANDING, **overrides},
+    )
+
+
+def speed_range_task(
+    low: float = 0.1,
+    high: float = 0.3,
+    *,
+    weight: float = 1.0,
+    reward_weights: Mapping[str, float] | None = None,
+    **overrides: Any,
+) -> MicroDuckTask:
+    """Track a forward speed drawn uniformly in ``[low, high]`` m/s at every reset.
+
+    The gait clock runs at 1 Hz plus 5 Hz per m/s of command, so the rewarded
+    cadence follows the commanded speed and one policy can modulate its speed.
+    """
+    low, high = float(low), float(high)
+    return make_task(
+        (low, 0.0),
+        (high, 0.0),
+        weight=weight,
+        reward_weights=reward_weights,
+        **{
+            "name": f"speed_range{low:+.2f}..{high:+.2f}",
+            "gait_frequency_hz": 1.0,
+            "gait_frequency_per_mps": 5.0,
+            "pose_std": POSE_STD_MOVING,
+            **overrides,
+        },
+    )
+
+
+def sidestep_task(
+    speed: float = 0.15,
+    *,
+    weight: float = 1.0,
+    reward_weights: Mapping[str, float] | None = None,
+    **overrides: Any,
+) -> MicroDuckTask:
+    """Walk sideways at ``speed`` m/s, to the left when positive.
+
+    Same clock and contact terms as forward walking; only the tracked
+    velocity component changes (the tracking Gaussian is tighter across the
+    command, so forward drift costs more than a lateral speed error).
+    """
+    speed = float(speed)
+    return make_task(
+        (0.0, speed),
+        (0.0, speed),
+        weight=weight,
+        reward_weights=reward_weights,
+        **{"name": f"sidestep{speed:+.2f}", "pose_std": POSE_STD_MOVING, **overrides},
+    )
+
+
+def jump_task(
+    *, weight: float = 1.0, reward_weights: Mapping[str, float] | None = None, **overrides: Any
+) -> MicroDuckTask:
+    """Hop in place under a zero command.
+
+    The hop terms are weighted in the order a policy discovers a hop:
+    ``hop_rhythm`` (1) pays for vertical velocity on a 2 Hz beat, starting a
+    crouch-and-extend cycle from standing; ``launch`` (30) pays for upward
+    velocity with both feet planted, up to take-off speed; ``jump`` (10) pays
+    for height gained with both feet in the air, in full from 5 mm, so the
+    first real hop is reinforced hard. The gait terms and the vertical
+    velocity cost are off and the pose Gaussian is loose so the robot can
+    crouch and extend; ``drift`` (-5) keeps the hop in place where the
+    zero-command tracking Gaussian has saturated. The weak MicroDuck servos
+    allow hops of about 2 cm; sample this row more often (``weight=3.0``) when
+    mixing it with walking tasks.
+    """
+    return make_task(
+        (0.0, 0.0),
+        (0.0, 0.0),
+        weight=weight,
+        reward_weights={**dict.fromkeys(GAIT_TERMS, 0.0), **JUMP_REWARD_WEIGHTS, **(reward_weights or {})},
+        **{"name": "jump", "pose_std": POSE_STD_MOVING, "gait_frequency_hz": HOP_FREQUENCY_HZ, **overrides},
+    )
+
+
+# ---------------------------------------------------------------------------
+# Libraries and validation
+# ---------------------------------------------------------------------------
+
+
+def as_task_library(tasks: MicroDuckTask | Sequence[MicroDuckTask] | None = None) -> MicroDuckTask:
+    """One task, a sequence of tasks or a stacked library, as a checked ``(num_tasks,)`` library.
+
+    ``None`` gives the default library, ``tracking_task()``. Every row must
+    carry one reward weight per registered term and exactly the registered
+    parameters, and pass the range checks of :func:`make_task`; the task
+    weights must not all be zero.
+    """
+    if tasks is None:
+        tasks = tracking_task()
+    if isinstance(tasks, MicroDuckTask):
+        if tasks.batch_dims > 1:
+            raise ValueError(f"tasks: a library has one batch dimension, got shape {tuple(tasks.shape)}.")
+        library = tasks.unsqueeze(0) if tasks.batch_dims == 0 else tasks
+    else:
+        if isinstance(tasks, (str, bytes)) or not isinstance(tasks, Sequence):
+            raise TypeError(f"tasks must be a MicroDuckTask or a sequence of them, got {type(tasks).__name__}.")
+        tasks = list(tasks)
+        if not tasks:
+            raise ValueError("tasks: a library needs at least one task, got an empty sequence.")
+        _check_stackable(tasks)
+        library = torch.stack(tasks)
+    if library.shape[0] == 0:
+        raise ValueError("tasks: a library needs at least one task, got an empty stack.")
+    library = library.contiguous()
+    _check_rows(library)
+    if library.weight.sum() <= 0:
+        raise ValueError(
+            f"tasks: the task weights {library.weight.tolist()} sum to zero; at least one must be positive."
+        )
+    return library
+
+
+def _check_stackable(tasks: Sequence[Any]) -> None:
+    """Clear errors for tasks that cannot form one library; ``torch.stack`` runs this first."""
+    tasks = list(tasks)
+    stray = [type(task).__name__ for task in tasks if not isinstance(task, MicroDuckTask)]
+    if stray:
+        raise TypeError(f"tasks: only MicroDuckTask rows stack into a library, got {stray}.")
+    for task in tasks:
+        _check_registry(task.reward_weights.shape[-1], set(task.params.keys()), _names(task))
+    shapes = {(tuple(task.command_low.shape), tuple(task.warm_start_velocity.shape)) for task in tasks}
+    if len(shapes) > 1:
+        raise ValueError(f"tasks: command boxes and warm-start ranges must have the same shapes, got {shapes}.")
+
+
+def _check_registry(num_weights: int, param_keys: set[str], names: list[str]) -> None:
+    """The weight vector and params must match the registry as it is now."""
+    num_terms = len(REWARD_TERMS)
+    if num_weights != num_terms:
+        raise ValueError(
+            f"task {names} has {num_weights} reward weights but {num_terms} reward terms are registered "
+            f"{tuple(REWARD_TERMS)}: it was built before register_reward added terms (or against another "
+            "registry). Register every term before building tasks, then build the tasks again."
+        )
+    missing = sorted(set(REWARD_PARAMS) - param_keys)
+    extra = sorted(param_keys - set(REWARD_PARAMS))
+    if missing or extra:
+        raise ValueError(
+            f"task {names} params must have exactly the REWARD_PARAMS keys: missing {missing}, unexpected {extra}. "
+            "A task built before register_reward added terms lacks their params; build tasks after registering."
+        )
+
+
+def _check_rows(rows: MicroDuckTask) -> None:
+    """Shape, finiteness and range checks on a ``(num_tasks,)`` stack of tasks."""
+    _check_registry(rows.reward_weights.shape[-1], set(rows.params.keys()), _names(rows))
+    shapes = {"command_low": (2,), "command_high": (2,), "warm_start_velocity": (2,), "weight": ()}
+    shapes.update(dict.fromkeys(("warm_start_fraction", "joint_reset_noise_scale", "gait_frequency_hz"), ()))
+    shapes.update(gait_frequency_per_mps=())
+    for field, shape in shapes.items():
+        got = tuple(getattr(rows, field).shape[1:])
+        if got != shape:
+            raise ValueError(f"task field {field} must have shape {shape}, got {got}.")
+    columns = {field: getattr(rows, field) for field in (*TASK_FIELDS, "command_low", "command_high")}
+    columns.update(reward_weights=rows.reward_weights, weight=rows.weight)
+    columns.update({f"params[{key!r}]": value for key, value in rows.params.items()})
+    for field, value in columns.items():
+        _require(rows, torch.isfinite(value), f"{field} must be finite")
+    _require(rows, rows.command_low <= rows.command_high, "command_low must be <= command_high in vx and vy")
+    speeds = rows.warm_start_velocity
+    ordered = (speeds >= 0) & (speeds[:, :1] <= speeds[:, 1:])
+    _require(rows, ordered, "warm_start_velocity must be (low, high) with 0 <= low <= high")
+    fraction = rows.warm_start_fraction
+    _require(rows, (fraction >= 0) & (fraction <= 1), "warm_start_fraction must be in [0, 1]")
+    _require(rows, rows.joint_reset_noise_scale >= 0, "joint_reset_noise_scale must be >= 0")
+    _require(rows, rows.gait_frequency_hz > 0, "gait_frequency_hz must be > 0")
+    _require(rows, rows.gait_frequency_per_mps >= 0, "gait_frequency_per_mps must be >= 0")
+    _require(rows, rows.weight >= 0, "weight must be >= 0")
+    bad_names = [name for name in _names(rows) if not isinstance(name, str) or not name]
+    if bad_names:
+        raise ValueError(f"every task needs a non-empty string name, got {bad_names}.")
+
+
+def _require(rows: MicroDuckTask, ok: torch.Tensor, message: str) -> None:
+    """Raise naming the tasks whose rows fail ``ok`` (reduced over all but the task dimension)."""
+    ok = ok.reshape(ok.shape[0], -1).all(-1)
+    if not bool(ok.all()):
+        names = _names(rows)
+        failing = [names[i] for i in (~ok).nonzero().flatten().tolist()]
+        raise ValueError(f"task {failing}: {message}.")
+
+
+def _names(tasks: MicroDuckTask) -> list[str]:
+    name = tasks.name
+    return [name] if isinstance(name, str) else list(name)
+
+
+def _as_float(value: Any, shape: tuple[int, ...], field: str, name: str) -> torch.Tensor:
+    try:
+        tensor = torch.as_tensor(value, dtype=torch.float32)
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise ValueError(f"make_task({name!r}): {field} must be a number or numbers, got {value!r}.") from error
+    if tuple(tensor.shape) != shape:
+        kind = "a number" if shape == () else f"{shape[0]} numbers"
+        raise ValueError(f"make_task({name!r}): {field} must be {kind}, got {value!r}.")
+    return tensor.clone()
+
+
+def _stack_checked_torch_function(cls, func, types, args=(), kwargs=None):
+    """``torch.stack`` on tasks explains registry and shape mismatches before stacking."""
+    if func is torch.stack:
+        tensors = args[0] if args else (kwargs or {}).get("tensors", ())
+        _check_stackable(tensors)
+    return _TENSORCLASS_TORCH_FUNCTION(func, types, args, kwargs)
+
+
+_TENSORCLASS_TORCH_FUNCTION = MicroDuckTask.__torch_function__
+MicroDuckTask.__torch_function__ = classmethod(_stack_checked_torch_function)
