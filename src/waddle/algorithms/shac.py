@@ -1,0 +1,260 @@
+"""Short-Horizon Actor-Critic (SHAC; Xu et al., ICLR 2022).
+
+Each iteration rolls the actor out for ``horizon`` steps through a
+differentiable env. The actor's loss is minus the discounted reward of those
+steps plus the discounted target-critic value where each env's window stops,
+averaged over ``horizon * num_envs``; it is backpropagated through the
+simulator. The critic is then regressed on TD(lambda) targets of the same
+(detached) rollout in a few minibatch epochs, the target critic follows it by
+Polyak averaging, and the graph is cut before the next window.
+
+Only each env's steps up to its first done in the window count (the rollout's
+``alive_mask``): a terminated env contributes no value after it, a truncated
+one is bootstrapped from the observation it reached.
+
+Reading order: config, the pure losses, then the trainer, whose
+``train_iteration`` is actor step, critic steps, target update, graph cut.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torchrl.envs import EnvBase
+
+from waddle.algorithms.apg import (
+    check_common_config,
+    build_actor,
+    env_dims,
+    guarded_step,
+    make_collector,
+    rollout_metrics,
+)
+from waddle.algorithms.targets import horizon_returns, td_lambda_targets
+from waddle.modules import RunningNormalizer, mlp
+
+
+@dataclass(frozen=True)
+class SHACConfig:
+    horizon: int = 32
+    """Env steps per iteration; the actor loss backpropagates through all of them."""
+    gamma: float = 0.99
+    """Discount factor."""
+    lam: float = 0.95
+    """Lambda of the TD(lambda) critic targets (0: one-step TD, 1: Monte Carlo)."""
+    actor_lr: float = 2e-3
+    """Adam learning rate of the actor."""
+    critic_lr: float = 2e-3
+    """Adam learning rate of the critic."""
+    adam_betas: tuple[float, float] = (0.7, 0.95)
+    """Adam betas of both optimisers."""
+    max_grad_norm: float = 1.0
+    """Clip actor and critic gradients to this global L2 norm; 0 disables clipping."""
+    critic_iterations: int = 16
+    """Epochs of critic regression per iteration."""
+    critic_minibatches: int = 4
+    """Minibatches per critic epoch."""
+    target_critic_alpha: float = 0.2
+    """Polyak weight the target critic keeps: ``target <- alpha target + (1 - alpha) critic``."""
+    reward_scale: float = 1.0
+    """Rewards are multiplied by this before entering either loss."""
+    actor_hidden_sizes: tuple[int, ...] = (400, 200, 100)
+    """Hidden widths of the actor MLP (ELU)."""
+    critic_hidden_sizes: tuple[int, ...] = (400, 200)
+    """Hidden widths of the critic MLP (ELU)."""
+    critic_layer_norm: bool = True
+    """LayerNorm before each hidden activation of the critic."""
+    stochastic_policy: bool = True
+    """Sample actions from a Gaussian with the reparameterisation trick."""
+    init_log_std: float = -1.0
+    """Initial log standard deviation of a stochastic policy."""
+    normalize_observations: bool = True
+    """Normalise actor and critic inputs by running statistics (inside the graph)."""
+    clip_actions: bool = True
+    """Clamp actions to the env's action bounds (ignored for unbounded specs)."""
+    action_adjoint_max_norm: float = 0.0
+    """Clip each env's gradient w.r.t. its action to this norm; 0 disables."""
+
+    def __post_init__(self) -> None:
+        check_common_config(self)
+        if not 0.0 <= self.lam <= 1.0:
+            raise ValueError(f"lam must be in [0, 1], got {self.lam}.")
+        if not 0.0 <= self.target_critic_alpha < 1.0:
+            raise ValueError(
+                f"target_critic_alpha must be in [0, 1), got {self.target_critic_alpha}."
+            )
+        if self.critic_iterations < 1 or self.critic_minibatches < 1:
+            raise ValueError(
+                "critic_iterations and critic_minibatches must be >= 1, got "
+                f"{self.critic_iterations} and {self.critic_minibatches}."
+            )
+
+
+def actor_loss(
+    rewards: torch.Tensor,
+    alive: torch.Tensor,
+    next_values: torch.Tensor,
+    terminated: torch.Tensor,
+    gamma: float,
+) -> torch.Tensor:
+    """SHAC's actor loss: ``-(sum_t gamma^t r_t + gamma^(t_end+1) V(s_end)) / (T * N)``.
+
+    Args:
+        rewards: ``[T, N]``, carrying the graph into the policy.
+        alive: ``[T, N]`` bool, the rollout's ``alive_mask``.
+        next_values: ``[T, N]`` target-critic values of each step's next
+            observation (only the bootstrap step of each env is used).
+        terminated: ``[T, N]`` bool; a terminated env is not bootstrapped.
+        gamma: discount factor.
+    """
+    num_steps, num_envs = rewards.shape
+    returns = horizon_returns(
+        rewards, alive, gamma, next_values=next_values, terminated=terminated
+    )
+    return -returns.sum() / (num_steps * num_envs)
+
+
+def critic_loss(values: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean squared error of the critic's values against fixed targets."""
+    return ((values - targets) ** 2).mean()
+
+
+@torch.no_grad()
+def polyak_update(target: nn.Module, source: nn.Module, alpha: float) -> None:
+    """``target = alpha * target + (1 - alpha) * source``, parameter by parameter."""
+    for target_param, param in zip(target.parameters(), source.parameters(), strict=True):
+        target_param.lerp_(param, 1.0 - alpha)
+
+
+class SHAC:
+    """Short-Horizon Actor-Critic trainer on one differentiable env.
+
+    Args:
+        env: a differentiable TorchRL env (see :class:`DifferentiableCollector`).
+        config: hyperparameters.
+        device: device of the networks.
+    """
+
+    def __init__(
+        self, env: EnvBase, config: SHACConfig, device: torch.device | str = "cpu"
+    ) -> None:
+        self.env = env
+        self.config = config
+        self.device = torch.device(device)
+        obs_dim, action_dim = env_dims(env)
+        self.normalizer = (
+            RunningNormalizer(obs_dim).to(self.device) if config.normalize_observations else None
+        )
+        self.actor = build_actor(
+            obs_dim,
+            action_dim,
+            config.actor_hidden_sizes,
+            stochastic=config.stochastic_policy,
+            init_log_std=config.init_log_std,
+        ).to(self.device)
+        self.critic = mlp(
+            obs_dim, config.critic_hidden_sizes, 1, layer_norm=config.critic_layer_norm
+        ).to(self.device)
+        self.target_critic = copy.deepcopy(self.critic).requires_grad_(False)
+        self.actor_optimizer = torch.optim.Adam(
+            self.actor.parameters(), lr=config.actor_lr, betas=config.adam_betas
+        )
+        self.critic_optimizer = torch.optim.Adam(
+            self.critic.parameters(), lr=config.critic_lr, betas=config.adam_betas
+        )
+        self.collector = make_collector(env, self.actor, self.normalizer, config, self.device)
+        self.iteration = 0
+
+    def _normalize(self, observation: torch.Tensor) -> torch.Tensor:
+        return observation if self.normalizer is None else self.normalizer(observation)
+
+    def values(self, critic: nn.Module, observation: torch.Tensor) -> torch.Tensor:
+        """``critic(normalize(observation))`` without the trailing unit dimension."""
+        return critic(self._normalize(observation)).squeeze(-1)
+
+    def train_iteration(self) -> dict[str, float]:
+        """One window: actor step through the env, critic regression, target update, graph cut."""
+        cfg = self.config
+
+        # 1. actor: differentiable rollout, bootstrapped by the target critic
+        start = time.perf_counter()
+        rollout = self.collector.collect(cfg.horizon)
+        rewards = rollout.rewards * cfg.reward_scale
+        alive, terminated = rollout.alive_mask, rollout.terminations
+        next_values = self.values(self.target_critic, rollout.next_observations)
+        loss = actor_loss(rewards, alive, next_values, terminated, cfg.gamma)
+        rollout_time = time.perf_counter() - start
+        start = time.perf_counter()
+        actor_step = guarded_step(
+            loss, self.actor_optimizer, self.actor.parameters(), cfg.max_grad_norm
+        )
+        actor_time = time.perf_counter() - start
+
+        # 2. critic: regress TD(lambda) targets on the alive steps of the detached rollout
+        start = time.perf_counter()
+        with torch.no_grad():
+            targets = td_lambda_targets(
+                rewards.detach(),
+                next_values.detach(),
+                terminated,
+                rollout.dones,
+                cfg.gamma,
+                cfg.lam,
+            )
+            b_obs = self._normalize(rollout.observations.detach())[alive]
+            b_targets = targets[alive]
+        critic_losses, critic_skipped = [], 0.0
+        for _ in range(cfg.critic_iterations):
+            order = torch.randperm(b_obs.shape[0], device=b_obs.device)
+            for mb_idx in order.chunk(cfg.critic_minibatches):
+                mb_loss = critic_loss(self.critic(b_obs[mb_idx]).squeeze(-1), b_targets[mb_idx])
+                step = guarded_step(
+                    mb_loss, self.critic_optimizer, self.critic.parameters(), cfg.max_grad_norm
+                )
+                critic_losses.append(float(mb_loss.detach()))
+                critic_skipped += step["skipped"]
+        critic_time = time.perf_counter() - start
+
+        # 3. target critic, observation statistics, graph cut
+        polyak_update(self.target_critic, self.critic, cfg.target_critic_alpha)
+        if self.normalizer is not None:
+            self.normalizer.update(rollout.observations)
+        self.collector.detach_state()
+        self.iteration += 1
+        return {
+            "losses/actor_loss": float(loss.detach()),
+            "losses/critic_loss": sum(critic_losses) / len(critic_losses),
+            "charts/actor_grad_norm": actor_step["grad_norm"],
+            "charts/actor_update_skipped": actor_step["skipped"],
+            "charts/critic_updates_skipped": critic_skipped,
+            "charts/value_target_mean": float(b_targets.mean()),
+            **rollout_metrics(rollout),
+            "perf/rollout_s": rollout_time,
+            "perf/actor_update_s": actor_time,
+            "perf/critic_update_s": critic_time,
+        }
+
+    def state_dict(self) -> dict:
+        return {
+            "actor": self.actor.state_dict(),
+            "critic": self.critic.state_dict(),
+            "target_critic": self.target_critic.state_dict(),
+            "actor_optimizer": self.actor_optimizer.state_dict(),
+            "critic_optimizer": self.critic_optimizer.state_dict(),
+            "normalizer": None if self.normalizer is None else self.normalizer.state_dict(),
+            "iteration": self.iteration,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.actor.load_state_dict(state["actor"])
+        self.critic.load_state_dict(state["critic"])
+        self.target_critic.load_state_dict(state["target_critic"])
+        self.actor_optimizer.load_state_dict(state["actor_optimizer"])
+        self.critic_optimizer.load_state_dict(state["critic_optimizer"])
+        if self.normalizer is not None:
+            self.normalizer.load_state_dict(state["normalizer"])
+        self.iteration = int(state["iteration"])
