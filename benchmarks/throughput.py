@@ -4,6 +4,9 @@ In one run, on the same embedded MicroDuck model and machine:
 
 * waddle ``MicroDuckEnv`` (native backend, random actions through ``env.rollout``)
   at several batch sizes;
+* the bare backend: ``env.physics.step`` in a Python loop, without the task
+  (observation, reward terms, contact bookkeeping, TorchRL plumbing), so the
+  ratio env / bare is what the task machinery costs;
 * the MuJoCo C limit: the same instrumented model stepped by ``mujoco.rollout``
   with the same threads and substeps, no Python env in between;
 * TorchRL's own ``torchrl.envs.MicroDuckEnv(scene, backend="mujoco")`` on the
@@ -31,6 +34,20 @@ def waddle_rate(num_envs: int, steps: int, threads: int) -> float:
     env.rollout(5, break_when_any_done=False)  # warm-up
     start = time.perf_counter()
     env.rollout(steps, break_when_any_done=False)
+    rate = num_envs * steps / (time.perf_counter() - start)
+    env.close()
+    return rate
+
+
+def bare_backend_rate(num_envs: int, steps: int, threads: int) -> float:
+    env = MicroDuckEnv(num_envs=num_envs, seed=0, num_threads=threads)
+    env.reset()
+    generator = torch.Generator().manual_seed(0)
+    controls = env._home_ctrl + 0.35 * 0.3 * (2 * torch.rand(steps, num_envs, 14, generator=generator) - 1)
+    env.physics.step(controls[0])  # warm-up
+    start = time.perf_counter()
+    for ctrl in controls:
+        env.physics.step(ctrl)
     rate = num_envs * steps / (time.perf_counter() - start)
     env.close()
     return rate
@@ -84,13 +101,17 @@ def main() -> None:
     torch.set_num_threads(1)  # the physics threads, not torch's, do the work
 
     print(f"MicroDuck scene: {MicroDuckEnv.resolve_scene()}; {args.threads} threads")
-    print(f"{'envs':>6} {'waddle steps/s':>15} {'C limit steps/s':>16} {'waddle / C':>11}")
+    print(
+        f"{'envs':>6} {'waddle env':>11} {'bare backend':>13} {'C limit':>9} "
+        f"{'env / C':>8} {'env / bare':>11}   (env steps/s)"
+    )
     results = {}
     for size in args.sizes:
         ours = waddle_rate(size, args.steps, args.threads)
+        bare = bare_backend_rate(size, args.steps, args.threads)
         limit = c_limit_rate(size, args.steps, args.threads)
         results[size] = ours
-        print(f"{size:>6} {ours:>15,.0f} {limit:>16,.0f} {ours / limit:>11.2f}")
+        print(f"{size:>6} {ours:>11,.0f} {bare:>13,.0f} {limit:>9,.0f} {ours / limit:>8.2f} {ours / bare:>11.2f}", flush=True)
 
     try:
         theirs = torchrl_rate(args.torchrl_envs, args.torchrl_steps)
