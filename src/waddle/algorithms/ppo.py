@@ -1,0 +1,400 @@
+"""Proximal Policy Optimization on a batched TorchRL env (one readable module).
+
+One call to :meth:`PPO.train_iteration` is one PPO iteration:
+
+1. roll the stochastic policy out for ``num_steps`` steps in every env, under
+   ``no_grad``, into a ``(num_envs, num_steps)`` TensorDict (finished envs are
+   reset in place by :meth:`~torchrl.envs.EnvBase.step_and_maybe_reset`);
+2. compute advantages and value targets with TorchRL's :class:`GAE`
+   (bootstrapping on truncation, not on termination);
+3. run ``num_epochs`` passes of ``num_minibatches`` shuffled minibatches
+   through TorchRL's :class:`ClipPPOLoss` (clipped surrogate, value loss and
+   entropy bonus), clipping the gradient norm;
+4. adapt the learning rate (optional) and fold the rollout's observations
+   into the running observation normaliser, which both networks share.
+
+The normaliser is updated *after* the epochs so that, within an iteration,
+the policy that scored the old log-probabilities and the one being optimised
+see the same statistics (the importance ratio starts at exactly 1).
+
+The maths PPO needs beyond TorchRL is in two pure functions the tests import:
+:func:`gaussian_kl`, :func:`adapt_learning_rate` and :func:`finished_episodes`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from torchrl.envs import EnvBase
+from torchrl.objectives import ClipPPOLoss
+from torchrl.objectives.value import GAE
+
+from waddle.modules.networks import LOG_STD_BOUNDS, GaussianPolicy, PolicyMean, ValueNetwork, make_actor, make_critic
+from waddle.modules.normalizer import RunningNormalizer
+
+LR_SCHEDULES = ("constant", "adaptive")
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    """Hyperparameters of :class:`PPO`; the defaults train MicroDuck on a 2-core CPU."""
+
+    num_steps: int = 32
+    """Steps each env takes per rollout; a batch holds num_steps x num_envs transitions."""
+    num_epochs: int = 5
+    """Passes over each rollout batch."""
+    num_minibatches: int = 4
+    """Minibatches each batch is shuffled into per epoch."""
+    learning_rate: float = 1e-3
+    """Adam step size (the starting one when the schedule changes it)."""
+    lr_schedule: str = "adaptive"
+    """'constant', or 'adaptive': scale the step size by 1.5 to keep the KL per update near desired_kl."""
+    desired_kl: float = 0.01
+    """Target KL divergence per update for the 'adaptive' schedule."""
+    gamma: float = 0.99
+    """Discount factor."""
+    gae_lambda: float = 0.95
+    """GAE lambda: 0 is one-step TD, 1 is Monte Carlo."""
+    clip_epsilon: float = 0.2
+    """Clip range of the probability ratio in the surrogate objective."""
+    entropy_coef: float = 0.005
+    """Weight of the entropy bonus."""
+    value_coef: float = 1.0
+    """Weight of the value (critic) loss."""
+    max_grad_norm: float = 1.0
+    """Gradients are rescaled to at most this global norm."""
+    actor_hidden: tuple[int, ...] = (128, 128, 128)
+    """Hidden layer widths of the policy network."""
+    critic_hidden: tuple[int, ...] = (256, 256, 256)
+    """Hidden layer widths of the value network."""
+    init_std: float = 0.5
+    """Initial standard deviation of the Gaussian policy (actions live in [-1, 1])."""
+    normalize_observations: bool = True
+    """Normalise observations by running mean and variance (frozen at identity when False)."""
+
+    def __post_init__(self) -> None:
+        for name in ("num_steps", "num_epochs", "num_minibatches"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"PPOConfig.{name} must be an integer >= 1, got {value!r}.")
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"PPOConfig.lr_schedule must be one of {LR_SCHEDULES}, got {self.lr_schedule!r}.")
+        for name in ("learning_rate", "desired_kl", "clip_epsilon", "max_grad_norm", "init_std"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"PPOConfig.{name} must be > 0, got {getattr(self, name)!r}.")
+        for name in ("gamma", "gae_lambda"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"PPOConfig.{name} must be in [0, 1], got {getattr(self, name)!r}.")
+        object.__setattr__(self, "actor_hidden", tuple(int(w) for w in self.actor_hidden))
+        object.__setattr__(self, "critic_hidden", tuple(int(w) for w in self.critic_hidden))
+
+
+class NonFiniteLossError(FloatingPointError):
+    """A loss or gradient turned NaN or infinite; the update was not applied."""
+
+
+def adapt_learning_rate(lr: float, kl: float, desired_kl: float, *, factor: float = 1.5,
+                        bounds: tuple[float, float] = (1e-5, 1e-2)) -> float:
+    """The KL-adaptive step size: divide by ``factor`` when ``kl > 2 desired``,
+    multiply by it when ``kl < desired / 2``, then clamp to ``bounds``.
+
+    Example:
+        >>> adapt_learning_rate(1e-3, kl=0.05, desired_kl=0.01)
+        0.0006666666666666666
+    """
+    if kl > 2.0 * desired_kl:
+        lr = lr / factor
+    elif kl < 0.5 * desired_kl:
+        lr = lr * factor
+    return min(max(lr, bounds[0]), bounds[1])
+
+
+def gaussian_kl(old_loc: torch.Tensor, old_scale: torch.Tensor, loc: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Mean over the batch of KL(old || new) between diagonal Gaussians, summed over action entries.
+
+    Example:
+        >>> one, zero = torch.ones(1, 1), torch.zeros(1, 1)
+        >>> gaussian_kl(zero, one, one, one)  # 0.5 * (mean difference / std)^2
+        tensor(0.5000)
+    """
+    kl = torch.log(scale / old_scale) + (old_scale**2 + (old_loc - loc) ** 2) / (2.0 * scale**2) - 0.5
+    return kl.sum(-1).mean()
+
+
+def finished_episodes(
+    rewards: torch.Tensor, dones: torch.Tensor, running_return: torch.Tensor, running_length: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Accumulate per-env returns and lengths over a ``(num_envs, T)`` rollout.
+
+    ``running_return`` and ``running_length`` (``(num_envs,)``) hold the
+    unfinished episodes' totals and are updated in place; an env's totals go
+    back to zero after a done step.
+
+    Returns:
+        the returns and lengths of the episodes that finished, in time order.
+
+    Example:
+        >>> ret, length = torch.zeros(1), torch.zeros(1, dtype=torch.long)
+        >>> finished_episodes(torch.tensor([[1.0, 2.0, 3.0]]), torch.tensor([[False, True, False]]), ret, length)
+        (tensor([3.]), tensor([2]))
+        >>> ret, length
+        (tensor([3.]), tensor([1]))
+    """
+    returns, lengths = [], []
+    for t in range(rewards.shape[1]):
+        running_return += rewards[:, t]
+        running_length += 1
+        done = dones[:, t]
+        returns.append(running_return[done].clone())
+        lengths.append(running_length[done].clone())
+        running_return.masked_fill_(done, 0.0)
+        running_length.masked_fill_(done, 0)
+    return torch.cat(returns), torch.cat(lengths)
+
+
+class PPO:
+    """PPO trainer for a batched env with an ``"observation"`` entry and a bounded action.
+
+    Args:
+        env: a TorchRL env with ``batch_size=(num_envs,)``, a flat
+            ``"observation"`` and a flat action in ``[-1, 1]`` (wider bounds are
+            clamped to, but not rescaled).
+        config: hyperparameters.
+        device: where the networks live (the env's device by default).
+
+    Attributes:
+        env_steps: env steps taken so far (``num_envs`` per env step).
+        iteration: iterations completed so far.
+        steps_per_iteration: env steps per iteration, ``num_steps * num_envs``.
+
+    Example:
+        >>> from tests.helpers.diff_point_env import DiffPointEnv  # doctest: +SKIP
+        >>> trainer = PPO(DiffPointEnv(16, action_bound=1.0), PPOConfig(num_steps=8))  # doctest: +SKIP
+        >>> trainer.train_iteration()["charts/episode_return"]  # doctest: +SKIP
+    """
+
+    def __init__(self, env: EnvBase, config: PPOConfig | None = None, device: torch.device | str | None = None) -> None:
+        self.env = env
+        self.config = config = PPOConfig() if config is None else config
+        self.device = torch.device(env.device if device is None else device)
+        if len(env.batch_size) != 1:
+            raise ValueError(f"PPO needs an env with batch_size=(num_envs,), got {tuple(env.batch_size)}.")
+        self.num_envs = env.batch_size[0]
+        self.steps_per_iteration = config.num_steps * self.num_envs
+        observation_dim = env.observation_spec["observation"].shape[-1]
+        action_dim = env.action_spec.shape[-1]
+        low, high = env.action_spec.space.low, env.action_spec.space.high
+        self.action_low, self.action_high = float(low.min()), float(high.max())
+
+        # Networks: one normaliser shared by the actor and the critic.
+        self.normalizer = RunningNormalizer(observation_dim).to(self.device)
+        self.policy = GaussianPolicy(self.normalizer, action_dim, config.actor_hidden, init_std=config.init_std)
+        self.value = ValueNetwork(self.normalizer, config.critic_hidden)
+        self.policy.to(self.device)
+        self.value.to(self.device)
+        self.actor = make_actor(self.policy)
+        self.critic = make_critic(self.value)
+
+        # Objective and advantage estimator, both from TorchRL.
+        self.loss_module = ClipPPOLoss(
+            self.actor,
+            self.critic,
+            clip_epsilon=config.clip_epsilon,
+            entropy_bonus=config.entropy_coef > 0,
+            entropy_coeff=config.entropy_coef,
+            critic_coeff=config.value_coef,
+            loss_critic_type="l2",
+            normalize_advantage=True,
+        )
+        self.advantage_module = GAE(
+            gamma=config.gamma, lmbda=config.gae_lambda, value_network=self.critic, average_gae=False
+        )
+        self.optimizer = torch.optim.Adam(
+            list(self.policy.parameters()) + list(self.value.parameters()), lr=config.learning_rate
+        )
+        self.learning_rate = config.learning_rate
+
+        # Rollout state carried across iterations.
+        self.env_steps = 0
+        self.iteration = 0
+        self._next_td: TensorDictBase | None = None
+        self._running_return = torch.zeros(self.num_envs, device=self.device)
+        self._running_length = torch.zeros(self.num_envs, dtype=torch.long, device=self.device)
+        self._recent_returns: deque[float] = deque(maxlen=max(self.num_envs, 16))
+        self._recent_lengths: deque[float] = deque(maxlen=max(self.num_envs, 16))
+
+    # ------------------------------------------------------------------
+    # Rollout
+    # ------------------------------------------------------------------
+
+    @torch.no_grad()
+    def collect(self) -> TensorDictBase:
+        """Roll the stochastic policy out for ``num_steps``; returns a ``(num_envs, num_steps)`` batch."""
+        if self._next_td is None:
+            self._next_td = self.env.reset()
+        td = self._next_td
+        steps = []
+        for _ in range(self.config.num_steps):
+            td = self.actor(td.to(self.device))
+            td, next_td = self.env.step_and_maybe_reset(td)
+            steps.append(td)
+            td = next_td
+        self._next_td = td
+        batch = torch.stack(steps, dim=1).to(self.device)
+        self.env_steps += batch.numel()
+        return batch
+
+    def _record_episodes(self, batch: TensorDictBase) -> None:
+        rewards = batch["next", "reward"].squeeze(-1)
+        dones = batch["next", "done"].squeeze(-1)
+        returns, lengths = finished_episodes(rewards, dones, self._running_return, self._running_length)
+        self._recent_returns.extend(returns.tolist())
+        self._recent_lengths.extend(lengths.tolist())
+
+    # ------------------------------------------------------------------
+    # Update
+    # ------------------------------------------------------------------
+
+    def update(self, batch: TensorDictBase) -> dict[str, float]:
+        """GAE, then ``num_epochs`` x ``num_minibatches`` clipped-PPO steps on ``batch``.
+
+        Raises:
+            NonFiniteLossError: a minibatch loss or gradient is not finite
+                (nothing from that minibatch is applied).
+        """
+        config = self.config
+        with torch.no_grad():
+            self.advantage_module(batch)
+        b_data = batch.reshape(-1)
+        batch_size = b_data.numel()
+        minibatch_size = batch_size // config.num_minibatches
+        logged = {  # ClipPPOLoss output -> our metric name
+            "loss_objective": "losses/policy_loss",
+            "loss_critic": "losses/value_loss",
+            "loss_entropy": "losses/entropy_loss",
+            "entropy": "charts/entropy",
+            "kl_approx": "charts/kl_approx",
+            "clip_fraction": "charts/clip_fraction",
+            "explained_variance": "charts/explained_variance",
+        }
+        sums = dict.fromkeys([*logged.values(), "charts/kl", "charts/grad_norm"], 0.0)
+        num_updates = 0
+        for _epoch in range(config.num_epochs):
+            permutation = torch.randperm(batch_size, device=self.device)
+            for start in range(0, minibatch_size * config.num_minibatches, minibatch_size):
+                mb_data = b_data[permutation[start : start + minibatch_size]]
+                losses = self.loss_module(mb_data)
+                loss = sum(value for key, value in losses.items() if key.startswith("loss_"))
+                if not torch.isfinite(loss):
+                    parts = ", ".join(f"{logged[k]}={float(v.detach()):.4g}" for k, v in losses.items() if k.startswith("loss_"))
+                    raise NonFiniteLossError(f"PPO loss is {float(loss.detach())} at iteration {self.iteration + 1} ({parts}).")
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                grad_norm = torch.nn.utils.clip_grad_norm_(self._parameters(), config.max_grad_norm)
+                if not torch.isfinite(grad_norm):
+                    raise NonFiniteLossError(f"PPO gradient norm is {float(grad_norm)} at iteration {self.iteration + 1}.")
+                self.optimizer.step()
+
+                if config.lr_schedule == "adaptive":
+                    with torch.no_grad():
+                        kl = gaussian_kl(mb_data["loc"], mb_data["scale"], *self.policy(mb_data["observation"]))
+                    sums["charts/kl"] += float(kl)
+                    self._set_learning_rate(adapt_learning_rate(self.learning_rate, float(kl), config.desired_kl))
+                for key, name in logged.items():
+                    if key in losses.keys():
+                        sums[name] += float(losses[key].detach().mean())
+                sums["charts/grad_norm"] += float(grad_norm)
+                num_updates += 1
+        return {name: total / num_updates for name, total in sums.items()}
+
+    def _parameters(self) -> list[torch.nn.Parameter]:
+        return [p for group in self.optimizer.param_groups for p in group["params"]]
+
+    def _set_learning_rate(self, lr: float) -> None:
+        self.learning_rate = lr
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    # ------------------------------------------------------------------
+    # One iteration
+    # ------------------------------------------------------------------
+
+    def train_iteration(self) -> dict[str, float]:
+        """Collect one rollout, update on it, then refresh the observation statistics.
+
+        Returns:
+            scalars named like CleanRL's: ``charts/episode_return`` and
+            ``charts/episode_length`` (means over the most recent finished
+            episodes, one per env at most; NaN before any), ``charts/reward_mean``
+            (per step), ``losses/policy_loss``, ``losses/value_loss``,
+            ``losses/entropy_loss``, ``charts/entropy``, ``charts/kl`` (exact,
+            after each step; 0 unless the schedule is adaptive), ``charts/kl_approx``,
+            ``charts/clip_fraction``, ``charts/explained_variance``,
+            ``charts/grad_norm``, ``charts/learning_rate``, ``charts/action_std``
+            and the seconds spent in ``perf/rollout_s`` and ``perf/update_s``.
+        """
+        start = time.perf_counter()
+        batch = self.collect()
+        self._record_episodes(batch)
+        rollout_time = time.perf_counter() - start
+
+        start = time.perf_counter()
+        stats = self.update(batch)
+        if self.config.normalize_observations:
+            self.normalizer.update(batch["observation"])
+        update_time = time.perf_counter() - start
+        self.iteration += 1
+
+        def mean(values: deque[float]) -> float:
+            return sum(values) / len(values) if values else math.nan
+
+        return {
+            "charts/episode_return": mean(self._recent_returns),
+            "charts/episode_length": mean(self._recent_lengths),
+            "charts/reward_mean": float(batch["next", "reward"].mean()),
+            **stats,
+            "charts/learning_rate": self.learning_rate,
+            "charts/action_std": float(self.policy.log_std.detach().clamp(*LOG_STD_BOUNDS).exp().mean()),
+            "perf/rollout_s": rollout_time,
+            "perf/update_s": update_time,
+        }
+
+    # ------------------------------------------------------------------
+    # Policy and state
+    # ------------------------------------------------------------------
+
+    def deterministic_policy(self) -> PolicyMean:
+        """The exportable ``observation -> action`` module (normaliser baked in, mean clamped)."""
+        return PolicyMean(self.policy, self.action_low, self.action_high).eval()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue training: networks, normaliser, optimiser, counters."""
+        return {
+            "config": asdict(self.config),
+            "policy": self.policy.state_dict(),
+            "value": self.value.state_dict(),
+            "normalizer": self.normalizer.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "learning_rate": self.learning_rate,
+            "env_steps": self.env_steps,
+            "iteration": self.iteration,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output (the env is reset, not restored)."""
+        self.policy.load_state_dict(state["policy"])
+        self.value.load_state_dict(state["value"])
+        self.normalizer.load_state_dict(state["normalizer"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self._set_learning_rate(float(state["learning_rate"]))
+        self.env_steps = int(state["env_steps"])
+        self.iteration = int(state["iteration"])
+        self._next_td = None
+        self._running_return.zero_()
+        self._running_length.zero_()

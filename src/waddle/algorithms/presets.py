@@ -1,0 +1,135 @@
+"""Names the CLI and the benchmarks accept: tasks, algorithms and backends.
+
+Each name maps to one thing, built by one function, so ``waddle train``,
+``waddle eval`` and ``benchmarks/learning.py`` build envs and trainers the
+same way:
+
+* :data:`TASKS`: ``--task`` name -> the MicroDuck task library it trains on;
+* :data:`ALGORITHMS`: ``--algo`` name -> trainer and config classes;
+* :func:`make_env` and :func:`make_trainer`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from waddle.envs.microduck import MicroDuckEnv, MicroDuckTask
+from waddle.physics import BACKENDS as PHYSICS_BACKENDS
+
+WALK_SPEED = 0.2
+"""Forward speed, m/s, of the ``walk`` task (the learning benchmark's walking target)."""
+
+TASKS: dict[str, Callable[[], list[MicroDuckTask]]] = {
+    "standing": lambda: [MicroDuckEnv.standing_task()],
+    "walk": lambda: [MicroDuckEnv.tracking_task(WALK_SPEED)],
+    "speed-range": lambda: [MicroDuckEnv.speed_range_task(0.1, 0.3)],
+    "sidestep": lambda: [MicroDuckEnv.sidestep_task(0.15)],
+    "jump": lambda: [MicroDuckEnv.jump_task()],
+    "mix": lambda: [
+        MicroDuckEnv.standing_task(),
+        MicroDuckEnv.tracking_task(WALK_SPEED),
+        MicroDuckEnv.sidestep_task(0.15),
+        MicroDuckEnv.jump_task(),
+    ],
+}
+"""``--task`` name -> a function returning the task library of that name."""
+
+BACKENDS: tuple[str, ...] = tuple(PHYSICS_BACKENDS)
+"""``--backend`` names: the physics backends MicroDuckEnv can run on."""
+
+DIFFERENTIABLE_BACKENDS: tuple[str, ...] = ("mjx", "mujoco-torch")
+"""Backends whose steps carry gradients (SHAC and APG need one)."""
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """Where an ``--algo`` name's trainer lives and what env it needs."""
+
+    module: str
+    """Module holding the trainer and its config."""
+    trainer: str
+    """Trainer class name: ``Trainer(env, config, device)``."""
+    config: str
+    """Config dataclass name."""
+    differentiable: bool
+    """Whether the trainer backpropagates through the env (``requires_grad=True``)."""
+
+    def classes(self) -> tuple[type, type]:
+        """``(trainer class, config class)``, imported on demand."""
+        module = importlib.import_module(self.module)
+        return getattr(module, self.trainer), getattr(module, self.config)
+
+
+ALGORITHMS: dict[str, Algorithm] = {
+    "ppo": Algorithm("waddle.algorithms.ppo", "PPO", "PPOConfig", differentiable=False),
+    "shac": Algorithm("waddle.algorithms.shac", "SHAC", "SHACConfig", differentiable=True),
+    "apg": Algorithm("waddle.algorithms.apg", "APG", "APGConfig", differentiable=True),
+}
+"""``--algo`` name -> its trainer."""
+
+
+def _choice(kind: str, name: str, choices: Mapping[str, Any] | tuple[str, ...]) -> None:
+    if name not in choices:
+        raise ValueError(f"unknown {kind} {name!r}; choose one of {', '.join(choices)}.")
+
+
+def make_env(
+    task: str,
+    *,
+    num_envs: int,
+    seed: int | None = 0,
+    backend: str = "mujoco",
+    differentiable: bool = False,
+    device: torch.device | str = "cpu",
+    **kwargs: Any,
+) -> MicroDuckEnv:
+    """The MicroDuck env of ``--task`` ``task`` on ``backend``.
+
+    Args:
+        task: a key of :data:`TASKS`.
+        num_envs: batch size.
+        seed: the env generator's seed.
+        backend: a name in :data:`BACKENDS`.
+        differentiable: build it with ``requires_grad=True`` (needs a
+            backend in :data:`DIFFERENTIABLE_BACKENDS`).
+        device: torch device of the env.
+        **kwargs: forwarded to :class:`MicroDuckEnv`.
+    """
+    _choice("task", task, TASKS)
+    _choice("backend", backend, BACKENDS)
+    if differentiable:
+        if backend not in DIFFERENTIABLE_BACKENDS:
+            raise ValueError(
+                f"backend {backend!r} is not differentiable; gradient-based training needs one of "
+                f"{', '.join(DIFFERENTIABLE_BACKENDS)}."
+            )
+        kwargs["requires_grad"] = True
+    return MicroDuckEnv(tasks=TASKS[task](), num_envs=num_envs, seed=seed, backend=backend, device=device, **kwargs)
+
+
+def make_config(algo: str, overrides: Mapping[str, Any] | None = None) -> Any:
+    """The config dataclass of ``algo`` with ``overrides`` (field name -> value) applied."""
+    _choice("algorithm", algo, ALGORITHMS)
+    _, config_class = ALGORITHMS[algo].classes()
+    overrides = dict(overrides or {})
+    fields = {field.name: field for field in dataclasses.fields(config_class)}
+    unknown = sorted(set(overrides) - set(fields))
+    if unknown:
+        raise ValueError(f"{config_class.__name__} has no field(s) {unknown}; its fields: {sorted(fields)}.")
+    for name, value in overrides.items():
+        if isinstance(value, list):  # JSON gives lists where the dataclass holds tuples
+            overrides[name] = tuple(value)
+    return config_class(**overrides)
+
+
+def make_trainer(algo: str, env: MicroDuckEnv, config: Any, device: torch.device | str = "cpu") -> Any:
+    """``Trainer(env, config, device)`` for ``algo``."""
+    _choice("algorithm", algo, ALGORITHMS)
+    trainer_class, _ = ALGORITHMS[algo].classes()
+    return trainer_class(env, config, device)

@@ -1,0 +1,393 @@
+"""The training loop around any trainer: iterate, check, log, plot, checkpoint.
+
+A trainer (PPO, SHAC, APG) knows one thing: ``train_iteration() -> dict`` of
+scalars, plus ``state_dict()``/``load_state_dict()``. :class:`Runner` drives it
+to a step budget and owns everything around it, in an output directory:
+
+* ``checkpoint.pt``: trainer state, config, step count, written atomically
+  every ``checkpoint_every`` iterations and at the end;
+* ``metrics.csv``: one row per iteration, appended across resumes (rows newer
+  than the checkpoint a run resumes from are dropped first);
+* ``curve.png``: episode return and length against env steps, redrawn as it goes;
+* ``config.json``: the run's configuration.
+
+Stopping is always safe. A non-finite loss stops the run before anything of
+that iteration is saved; Ctrl-C stops it wherever it is; in both cases
+``checkpoint.pt`` holds the last complete, finite state.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from waddle.algorithms.checkpoint import atomic_write, save_checkpoint
+
+CHECKPOINT_FILE = "checkpoint.pt"
+METRICS_FILE = "metrics.csv"
+CURVE_FILE = "curve.png"
+CONFIG_FILE = "config.json"
+
+RUN_COLUMNS = ("iteration", "env_steps", "wall_time_s", "steps_per_second")
+"""The columns the runner writes before the trainer's own metrics."""
+RETURN_KEY = "charts/episode_return"
+LENGTH_KEY = "charts/episode_length"
+REWARD_KEY = "charts/reward_mean"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """What to train and for how long; the algorithm's own hyperparameters live in its config."""
+
+    task: str = "standing"
+    """Task library to train on (see waddle.algorithms.presets.TASKS)."""
+    algo: str = "ppo"
+    """Training algorithm."""
+    backend: str = "mujoco"
+    """Physics backend of the env."""
+    num_envs: int = 256
+    """Envs simulated in parallel."""
+    total_steps: int = 3_000_000
+    """Env steps to train for, counted over all envs and across resumes."""
+    seed: int = 0
+    """Seed of torch and of the env's generator."""
+    checkpoint_every: int = 10
+    """Write checkpoint.pt every this many iterations (and at the end)."""
+    plot_every_s: float = 20.0
+    """Redraw curve.png at most this often, in seconds (and at the end)."""
+    video_frames: int = 250
+    """Frames of the trained policy filmed to video.mp4 at the end (0: no video)."""
+    torch_threads: int = 1
+    """Threads of torch's own ops (0: torch's default). One is fastest on a small, busy CPU: the physics has its own thread pool."""
+
+    def __post_init__(self) -> None:
+        for name in ("num_envs", "total_steps", "checkpoint_every"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
+        for name in ("video_frames", "torch_threads"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}.")
+
+
+@dataclass
+class RunResult:
+    """How :meth:`Runner.run` ended."""
+
+    status: str
+    """``"finished"``, ``"interrupted"`` (Ctrl-C) or ``"non-finite"`` (a NaN/inf loss)."""
+    message: str
+    """One line for the user."""
+    env_steps: int
+    """Env steps trained when the loop stopped."""
+    checkpoint_env_steps: int | None
+    """Env steps of the checkpoint on disk (``None`` when none was written)."""
+    last_metrics: dict[str, float] = field(default_factory=dict)
+    """The last iteration's row."""
+
+
+def non_finite_losses(metrics: Mapping[str, float]) -> list[str]:
+    """Names of the ``losses/*`` entries of ``metrics`` that are NaN or infinite.
+
+    Example:
+        >>> non_finite_losses({"losses/value_loss": float("nan"), "charts/episode_return": float("nan")})
+        ['losses/value_loss']
+    """
+    return [key for key, value in metrics.items() if key.startswith("losses/") and not math.isfinite(value)]
+
+
+def state_is_finite(state: Any) -> bool:
+    """Whether every floating tensor in a (nested) state dict is finite."""
+    if isinstance(state, torch.Tensor):
+        return not state.is_floating_point() or bool(torch.isfinite(state).all())
+    if isinstance(state, Mapping):
+        return all(state_is_finite(value) for value in state.values())
+    if isinstance(state, (list, tuple)):
+        return all(state_is_finite(value) for value in state)
+    return True
+
+
+def read_metrics(path: str | Path) -> tuple[list[str], list[dict[str, float]]]:
+    """The header and rows of a ``metrics.csv`` (values as floats; empty cells as NaN)."""
+    path = Path(path)
+    if not path.exists() or path.stat().st_size == 0:
+        return [], []
+    with open(path, newline="") as file:
+        reader = csv.DictReader(file)
+        header = list(reader.fieldnames or [])
+        rows = [{key: _to_float(value) for key, value in row.items() if key is not None} for row in reader]
+    return header, rows
+
+
+def _to_float(value: str | None) -> float:
+    try:
+        return float(value) if value not in (None, "") else math.nan
+    except ValueError:
+        return math.nan
+
+
+def plot_curve(rows: list[Mapping[str, float]], path: str | Path, *, title: str = "") -> None:
+    """Draw episode return and length against env steps to ``path`` (PNG, written atomically).
+
+    Falls back to the mean reward per step when the rows carry no episode return.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    from matplotlib.figure import Figure
+
+    steps = [row["env_steps"] for row in rows]
+    has_return = any(math.isfinite(row.get(RETURN_KEY, math.nan)) for row in rows)
+    panels = [
+        (RETURN_KEY, "episode return") if has_return else (REWARD_KEY, "reward per step"),
+        (LENGTH_KEY, "episode length (steps)"),
+    ]
+    figure = Figure(figsize=(7, 6), tight_layout=True)
+    for index, (key, label) in enumerate(panels):
+        axes = figure.add_subplot(len(panels), 1, index + 1)
+        values = [row.get(key, math.nan) for row in rows]
+        axes.plot(steps, values, color="tab:blue" if index == 0 else "tab:orange")
+        axes.set_ylabel(label)
+        axes.grid(alpha=0.3)
+        if index == len(panels) - 1:
+            axes.set_xlabel("env steps")
+        elif title:
+            axes.set_title(title)
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=100)
+    atomic_write(path, lambda file: file.write(buffer.getvalue()))
+
+
+class Runner:
+    """Drive ``trainer`` to ``total_steps`` env steps, writing its outputs under ``out_dir``.
+
+    Args:
+        trainer: has ``train_iteration() -> dict``, ``state_dict()`` and ``load_state_dict()``.
+        out_dir: output directory (created).
+        algo: the algorithm's name, stored in the checkpoint.
+        config: the full run configuration (JSON-like), stored in the
+            checkpoint and ``config.json``.
+        total_steps: env-step budget, counted across resumes.
+        steps_per_iteration: env steps one ``train_iteration`` takes.
+        checkpoint_every: iterations between checkpoints.
+        plot_every_s: minimum seconds between curve redraws.
+        progress: show a tqdm progress bar (on stderr).
+
+    Example:
+        >>> runner = Runner(trainer, "runs/x", algo="ppo", config=config, total_steps=100_000,
+        ...                 steps_per_iteration=8192)  # doctest: +SKIP
+        >>> runner.run().status  # doctest: +SKIP
+        'finished'
+    """
+
+    def __init__(
+        self,
+        trainer: Any,
+        out_dir: str | Path,
+        *,
+        algo: str,
+        config: Mapping[str, Any],
+        total_steps: int,
+        steps_per_iteration: int,
+        checkpoint_every: int = 10,
+        plot_every_s: float = 20.0,
+        progress: bool = True,
+    ) -> None:
+        self.trainer = trainer
+        self.out_dir = Path(out_dir)
+        self.algo = algo
+        self.config = dict(config)
+        self.total_steps = int(total_steps)
+        self.steps_per_iteration = int(steps_per_iteration)
+        self.checkpoint_every = int(checkpoint_every)
+        self.plot_every_s = float(plot_every_s)
+        self.progress = progress
+        self.iteration = 0
+        self.env_steps = 0
+        self.wall_time_s = 0.0
+        self.checkpoint_env_steps: int | None = None
+        self.history: list[dict[str, float]] = []
+        self._header: list[str] | None = None
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.out_dir / CHECKPOINT_FILE
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.out_dir / METRICS_FILE
+
+    # ------------------------------------------------------------------
+    # Resume
+    # ------------------------------------------------------------------
+
+    def restore(self, checkpoint: Mapping[str, Any]) -> None:
+        """Continue from a loaded checkpoint: trainer state, counters and the metrics so far.
+
+        Rows of ``metrics.csv`` past the checkpoint's iteration (logged after
+        the last save by a run that was then stopped) are dropped, so the file
+        stays one row per trained iteration.
+        """
+        self.trainer.load_state_dict(checkpoint["trainer"])
+        self.iteration = int(checkpoint["iteration"])
+        self.env_steps = int(checkpoint["env_steps"])
+        self.wall_time_s = float(checkpoint.get("wall_time_s", 0.0))
+        self.checkpoint_env_steps = self.env_steps
+        header, rows = read_metrics(self.metrics_path)
+        kept = [row for row in rows if row.get("iteration", math.inf) <= self.iteration]
+        if len(kept) != len(rows):
+            self._rewrite_metrics(header, kept)
+        self.history = kept
+        self._header = header or None
+
+    def _rewrite_metrics(self, header: list[str], rows: list[dict[str, float]]) -> None:
+        def write(file) -> None:
+            writer = csv.DictWriter(file, fieldnames=header, extrasaction="ignore")
+            writer.writeheader()
+            writer.writerows(rows)
+
+        atomic_write(self.metrics_path, write, mode="w")
+
+    # ------------------------------------------------------------------
+    # Outputs
+    # ------------------------------------------------------------------
+
+    def write_config(self) -> None:
+        """Write ``config.json`` (atomically)."""
+        text = json.dumps({"algo": self.algo, **self.config}, indent=2, sort_keys=False) + "\n"
+        atomic_write(self.out_dir / CONFIG_FILE, lambda file: file.write(text), mode="w")
+
+    def save(self) -> None:
+        """Write ``checkpoint.pt`` unless the trainer state holds a NaN or infinity."""
+        state = self.trainer.state_dict()
+        if not state_is_finite(state):
+            raise FloatingPointError("the trainer state is not finite; the previous checkpoint was kept.")
+        save_checkpoint(
+            self.checkpoint_path,
+            algo=self.algo,
+            config=self.config,
+            trainer_state=state,
+            env_steps=self.env_steps,
+            iteration=self.iteration,
+            wall_time_s=self.wall_time_s,
+        )
+        self.checkpoint_env_steps = self.env_steps
+
+    def plot(self) -> None:
+        """Redraw ``curve.png`` from the rows so far."""
+        if self.history:
+            title = f"{self.algo} on {self.config.get('run', {}).get('task', '')}".strip()
+            plot_curve(self.history, self.out_dir / CURVE_FILE, title=title)
+
+    def _log(self, row: dict[str, float]) -> None:
+        if self._header is None:
+            self._header = list(row)
+        new_file = not self.metrics_path.exists() or self.metrics_path.stat().st_size == 0
+        with open(self.metrics_path, "a", newline="") as file:
+            writer = csv.DictWriter(file, fieldnames=self._header, extrasaction="ignore")
+            if new_file:
+                writer.writeheader()
+            writer.writerow(row)
+        self.history.append(row)
+
+    # ------------------------------------------------------------------
+    # The loop
+    # ------------------------------------------------------------------
+
+    def run(self) -> RunResult:
+        """Train until ``total_steps``, Ctrl-C or a non-finite loss; see :class:`RunResult`."""
+        from tqdm.auto import tqdm
+
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.write_config()
+        bar = tqdm(
+            total=self.total_steps,
+            initial=min(self.env_steps, self.total_steps),
+            unit="step",
+            unit_scale=True,
+            dynamic_ncols=True,
+            disable=not self.progress,
+            desc=f"{self.algo}",
+        )
+        last_plot = time.monotonic()
+        row: dict[str, float] = self.history[-1] if self.history else {}
+        try:
+            while self.env_steps < self.total_steps:
+                start = time.perf_counter()
+                try:
+                    metrics = self.trainer.train_iteration()
+                except FloatingPointError as err:  # e.g. PPO's NonFiniteLossError, raised before its step
+                    return self._stopped("non-finite", str(err), bar)
+                bad = non_finite_losses(metrics)
+                if bad:
+                    values = ", ".join(f"{key}={metrics[key]}" for key in bad)
+                    return self._stopped("non-finite", f"non-finite loss at iteration {self.iteration + 1}: {values}.", bar)
+                elapsed = time.perf_counter() - start
+                self.iteration += 1
+                self.env_steps += self.steps_per_iteration
+                self.wall_time_s += elapsed
+                row = {
+                    "iteration": self.iteration,
+                    "env_steps": self.env_steps,
+                    "wall_time_s": round(self.wall_time_s, 3),
+                    "steps_per_second": round(self.steps_per_iteration / max(elapsed, 1e-9), 1),
+                    **{key: float(value) for key, value in metrics.items()},
+                }
+                self._log(row)
+                bar.update(min(self.env_steps, self.total_steps) - bar.n)
+                bar.set_postfix(_postfix(row), refresh=False)
+                if self.iteration % self.checkpoint_every == 0:
+                    try:
+                        self.save()
+                    except FloatingPointError as err:
+                        return self._stopped("non-finite", str(err), bar)
+                if time.monotonic() - last_plot >= self.plot_every_s:
+                    self.plot()
+                    last_plot = time.monotonic()
+            try:
+                self.save()
+            except FloatingPointError as err:
+                return self._stopped("non-finite", str(err), bar)
+            self.plot()
+        except KeyboardInterrupt:
+            return self._stopped("interrupted", "interrupted", bar)
+        finally:
+            bar.close()
+        return RunResult("finished", f"trained {self.env_steps} env steps", self.env_steps, self.checkpoint_env_steps, row)
+
+    def _stopped(self, status: str, reason: str, bar: Any) -> RunResult:
+        bar.close()
+        if self.checkpoint_env_steps is None:
+            kept = "no checkpoint was written yet"
+        else:
+            kept = f"{self.checkpoint_path} (step {self.checkpoint_env_steps}) is kept"
+        try:
+            self.plot()
+        except KeyboardInterrupt:
+            pass
+        message = f"{reason.rstrip('.')}; stopped at step {self.env_steps}, {kept}."
+        return RunResult(status, message, self.env_steps, self.checkpoint_env_steps, self.history[-1] if self.history else {})
+
+
+def _postfix(row: Mapping[str, float]) -> dict[str, str]:
+    def fmt(value: float, spec: str) -> str:
+        return format(value, spec) if math.isfinite(value) else "-"
+
+    postfix = {}
+    if RETURN_KEY in row:
+        postfix["return"] = fmt(row[RETURN_KEY], ".2f")
+    elif REWARD_KEY in row:
+        postfix["reward"] = fmt(row[REWARD_KEY], ".3f")
+    if LENGTH_KEY in row:
+        postfix["ep_len"] = fmt(row[LENGTH_KEY], ".0f")
+    postfix["sps"] = fmt(row["steps_per_second"], ".0f")
+    return postfix

@@ -1,0 +1,284 @@
+"""``waddle train``: train a MicroDuck policy and write checkpoint, metrics, curve and config.
+
+Every flag comes from a config dataclass field and its docstring: the run
+settings from :class:`~waddle.algorithms.runner.TrainConfig`, the algorithm's
+hyperparameters from ``PPOConfig``, ``SHACConfig`` or ``APGConfig``. A flag
+left out keeps the config default (or, with ``--resume``, the checkpoint's
+value).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import inspect
+import math
+import sys
+import textwrap
+import time
+from collections.abc import Iterable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from waddle.algorithms.checkpoint import CheckpointError, check_compatible, load_checkpoint
+from waddle.algorithms.presets import ALGORITHMS, BACKENDS, TASKS, make_config, make_env, make_trainer
+from waddle.algorithms.runner import CHECKPOINT_FILE, CONFIG_FILE, CURVE_FILE, METRICS_FILE, Runner, TrainConfig
+
+DEFAULT_OUT = "runs/train"
+VIDEO_FILE = "video.mp4"
+RESUMABLE_FIELDS = ("run.total_steps", "run.checkpoint_every", "run.plot_every_s", "run.video_frames", "run.torch_threads")
+"""Config fields ``--resume`` lets a run change; any other difference is refused."""
+CHOICES = {"task": tuple(TASKS), "algo": tuple(ALGORITHMS), "backend": BACKENDS}
+
+
+# ---------------------------------------------------------------------------
+# Flags from dataclass fields
+# ---------------------------------------------------------------------------
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """The docstring under each field of dataclass ``cls`` (read from its source), by field name."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (OSError, TypeError):
+        return {}
+    body = tree.body[0].body
+    docs = {}
+    for node, following in zip(body, body[1:]):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(following, ast.Expr)
+            and isinstance(following.value, ast.Constant)
+            and isinstance(following.value.value, str)
+        ):
+            docs[node.target.id] = " ".join(following.value.value.split())
+    return docs
+
+
+def _flag_kwargs(annotation: str) -> dict[str, Any]:
+    """argparse keyword arguments for a field annotated ``annotation`` (a string, as
+    ``from __future__ import annotations`` leaves it)."""
+    annotation = annotation.replace(" ", "")
+    if annotation == "bool":
+        return {"action": argparse.BooleanOptionalAction}
+    if annotation == "int":
+        return {"type": int, "metavar": "N"}
+    if annotation == "float":
+        return {"type": float, "metavar": "X"}
+    if annotation.startswith("tuple[") and annotation.endswith(",...]"):
+        item = int if annotation[6:-5] == "int" else float
+        return {"type": item, "nargs": "*", "metavar": "N" if item is int else "X"}
+    if annotation.startswith("tuple["):
+        items = annotation[6:-1].split(",")
+        item = int if items[0] == "int" else float
+        return {"type": item, "nargs": len(items), "metavar": "N" if item is int else "X"}
+    return {"type": str}
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def add_config_arguments(
+    parser: argparse.ArgumentParser, configs: dict[str, type], *, title: str, skip: Iterable[str] = ()
+) -> dict[str, list[str]]:
+    """Add one flag per field of the config dataclasses ``configs`` (label -> class).
+
+    A field several configs share gets one flag whose help lists each
+    default. Every flag defaults to ``None``, meaning "not given".
+
+    Returns:
+        field name -> labels of the configs that have it.
+    """
+    owners: dict[str, list[str]] = {}
+    helps: dict[str, list[str]] = {}
+    kinds: dict[str, str] = {}
+    for label, cls in configs.items():
+        docs = field_docs(cls)
+        for field in dataclasses.fields(cls):
+            if field.name in skip:
+                continue
+            owners.setdefault(field.name, []).append(label)
+            kinds.setdefault(field.name, str(field.type))
+            default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
+            shown = " ".join(map(str, default)) if isinstance(default, tuple) else default
+            shown = f"{label}: {shown}" if len(configs) > 1 else str(shown)
+            helps.setdefault(field.name, [docs.get(field.name, "")]).append(shown)
+    group = parser.add_argument_group(title)
+    for name, labels in owners.items():
+        doc, *defaults = helps[name]
+        kwargs = _flag_kwargs(kinds[name])
+        if name in CHOICES:
+            kwargs["choices"] = CHOICES[name]
+            kwargs.pop("metavar", None)
+        group.add_argument(_flag(name), dest=name, default=None, help=f"{doc} (default {'; '.join(defaults)})".replace("%", "%%"), **kwargs)
+    return owners
+
+
+def _algorithm_configs() -> dict[str, type]:
+    configs = {}
+    for name, algorithm in ALGORITHMS.items():
+        try:
+            configs[name] = algorithm.classes()[1]
+        except ImportError:  # an optional dependency is missing: its flags are left out
+            continue
+    return configs
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=f"output directory (default {DEFAULT_OUT})")
+    parser.add_argument("--resume", action="store_true", help="continue the run in --out up to --total-steps")
+    parser.add_argument("--device", default="cpu", help="torch device of the networks and the env")
+    parser.add_argument("--no-progress", dest="progress", action="store_false", help="hide the progress bar")
+    add_config_arguments(parser, {"run": TrainConfig}, title="run")
+    parser.set_defaults(algorithm_fields=add_config_arguments(parser, _algorithm_configs(), title="algorithm hyperparameters"))
+
+
+# ---------------------------------------------------------------------------
+# The command
+# ---------------------------------------------------------------------------
+
+
+def _error(message: str) -> int:
+    print(f"waddle train: error: {message}", file=sys.stderr)
+    return 1
+
+
+def _given(args: argparse.Namespace, names: Iterable[str]) -> dict[str, Any]:
+    return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
+
+
+def resolve_config(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The run's config ``{"run": ..., "algorithm": ...}`` and, with ``--resume``, the checkpoint.
+
+    Raises:
+        CheckpointError: the checkpoint cannot be used, or the flags differ from it
+            in a field a resumed run cannot change.
+        ValueError: a flag does not apply to the chosen algorithm, or a value is invalid.
+    """
+    out = Path(args.out)
+    run_flags = _given(args, [field.name for field in dataclasses.fields(TrainConfig)])
+    algorithm_flags = _given(args, getattr(args, "algorithm_fields", {}))
+    checkpoint = None
+    if args.resume:
+        checkpoint = load_checkpoint(out / CHECKPOINT_FILE)
+        saved = checkpoint["config"]
+        if not isinstance(saved, dict) or not {"run", "algorithm"} <= set(saved):
+            raise CheckpointError(f"checkpoint {out / CHECKPOINT_FILE} has no run/algorithm config.")
+        run = TrainConfig(**{**saved["run"], **run_flags})
+        base = saved["algorithm"] if run.algo == saved["run"].get("algo") else {}
+    else:
+        if (out / CHECKPOINT_FILE).exists():
+            raise CheckpointError(
+                f"{out / CHECKPOINT_FILE} exists; pass --resume to continue it or choose another --out."
+            )
+        run = TrainConfig(**run_flags)
+        base = {}
+    fields = {field.name for field in dataclasses.fields(ALGORITHMS[run.algo].classes()[1])}
+    foreign = sorted(set(algorithm_flags) - fields)
+    if foreign:
+        raise ValueError(f"{', '.join(map(_flag, foreign))} do(es) not apply to --algo {run.algo}.")
+    algorithm = make_config(run.algo, {**base, **algorithm_flags})
+    config = {"run": asdict(run), "algorithm": _jsonable(asdict(algorithm))}
+    if checkpoint is not None:
+        check_compatible(checkpoint["config"], config, ignore=RESUMABLE_FIELDS)
+    return config, checkpoint
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _jsonable(item) for key, item in value.items()}
+    if isinstance(value, tuple):
+        return [_jsonable(item) for item in value]
+    return value
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    try:
+        config, checkpoint = resolve_config(args)
+    except (CheckpointError, ValueError) as err:
+        return _error(str(err))
+    run_config = TrainConfig(**config["run"])
+    out = Path(args.out)
+    start_iteration = 0 if checkpoint is None else int(checkpoint["iteration"])
+    if checkpoint is not None and checkpoint["env_steps"] >= run_config.total_steps:
+        print(f"{out / CHECKPOINT_FILE} already holds {checkpoint['env_steps']} env steps >= --total-steps; nothing to train.")
+        return 0
+    if checkpoint is None:  # a fresh run: leftovers of a run stopped before its first checkpoint go
+        for name in (METRICS_FILE, CURVE_FILE):
+            (out / name).unlink(missing_ok=True)
+
+    if run_config.torch_threads > 0:
+        torch.set_num_threads(run_config.torch_threads)
+    torch.manual_seed(run_config.seed + start_iteration)
+    algorithm = ALGORITHMS[run_config.algo]
+    try:
+        env = make_env(
+            run_config.task,
+            num_envs=run_config.num_envs,
+            seed=run_config.seed + start_iteration,
+            backend=run_config.backend,
+            differentiable=algorithm.differentiable,
+            device=args.device,
+        )
+    except (ValueError, ImportError) as err:
+        return _error(str(err).splitlines()[0])
+    algo_config = make_config(run_config.algo, config["algorithm"])
+    trainer = make_trainer(run_config.algo, env, algo_config, args.device)
+    steps_per_iteration = getattr(trainer, "steps_per_iteration", None) or run_config.num_envs * algo_config.horizon
+    runner = Runner(
+        trainer,
+        out,
+        algo=run_config.algo,
+        config=config,
+        total_steps=run_config.total_steps,
+        steps_per_iteration=steps_per_iteration,
+        checkpoint_every=run_config.checkpoint_every,
+        plot_every_s=run_config.plot_every_s,
+        progress=args.progress,
+    )
+    if checkpoint is not None:
+        try:
+            runner.restore(checkpoint)
+        except (RuntimeError, KeyError, ValueError) as err:
+            return _error(f"checkpoint {out / CHECKPOINT_FILE} does not fit its config: {str(err).splitlines()[0]}")
+
+    started = time.perf_counter()
+    result = runner.run()
+    env.close()
+    if result.status == "interrupted":
+        print(f"waddle train: {result.message}", file=sys.stderr)
+        return 130
+    if result.status != "finished":
+        return _error(result.message)
+
+    written = [CHECKPOINT_FILE, METRICS_FILE, CURVE_FILE, CONFIG_FILE]
+    if run_config.video_frames > 0:
+        try:
+            _film(trainer, run_config, out / VIDEO_FILE, args.device)
+            written.append(VIDEO_FILE)
+        except (RuntimeError, OSError, ImportError) as err:
+            print(f"waddle train: warning: no {VIDEO_FILE}: {str(err).splitlines()[0]}", file=sys.stderr)
+    row = result.last_metrics
+    minutes = (time.perf_counter() - started) / 60.0
+    summary = f"trained {result.env_steps} env steps in {minutes:.1f} min"
+    if math.isfinite(row.get("charts/episode_return", math.nan)):
+        summary += f"; episode return {row['charts/episode_return']:.2f}, length {row['charts/episode_length']:.0f}"
+    print(f"{summary}; wrote {', '.join(written)} to {out}")
+    return 0
+
+
+def _film(trainer: Any, run_config: TrainConfig, path: Path, device: str) -> None:
+    """Film the deterministic policy in one env for ``video_frames`` control steps."""
+    from waddle.algorithms.evaluation import deterministic_policy, film
+
+    env = make_env(run_config.task, num_envs=1, seed=run_config.seed + 1, backend=run_config.backend, device=device)
+    try:
+        film(env, deterministic_policy(trainer), path, frames=run_config.video_frames)
+    finally:
+        env.close()

@@ -1,0 +1,237 @@
+"""PPO: its maths on hand-worked examples, then the trainer on a tiny point-mass env."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from tests.helpers.diff_point_env import DiffPointEnv
+from waddle.algorithms.ppo import (
+    PPO,
+    NonFiniteLossError,
+    PPOConfig,
+    adapt_learning_rate,
+    finished_episodes,
+    gaussian_kl,
+)
+
+TINY = dict(actor_hidden=(16,), critic_hidden=(16,))
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def constant_networks(trainer: PPO, *, value: float) -> None:
+    """Make the policy mean 0 and the value ``value`` whatever the observation."""
+    with torch.no_grad():
+        trainer.policy.net[-1].weight.zero_()
+        trainer.policy.net[-1].bias.zero_()
+        trainer.value.net[-1].weight.zero_()
+        trainer.value.net[-1].bias.fill_(value)
+
+
+# ---------------------------------------------------------------------------
+# Pure functions
+# ---------------------------------------------------------------------------
+
+
+def test_gaussian_kl_known_values():
+    one, zero = torch.ones(3, 2), torch.zeros(3, 2)
+    assert gaussian_kl(zero, one, zero, one).item() == pytest.approx(0.0)
+    # Means 1 apart, unit stds: 0.5 per action entry, two entries.
+    assert gaussian_kl(zero, one, one, one).item() == pytest.approx(1.0)
+    # Same mean, std 1 -> 2: log 2 + 1/8 - 1/2 per entry.
+    assert gaussian_kl(zero, one, zero, 2 * one).item() == pytest.approx(2 * (math.log(2) + 0.125 - 0.5))
+
+
+def test_adapt_learning_rate():
+    assert adapt_learning_rate(1e-3, kl=0.05, desired_kl=0.01) == pytest.approx(1e-3 / 1.5)
+    assert adapt_learning_rate(1e-3, kl=0.001, desired_kl=0.01) == pytest.approx(1.5e-3)
+    assert adapt_learning_rate(1e-3, kl=0.01, desired_kl=0.01) == 1e-3
+    assert adapt_learning_rate(1e-2, kl=0.0, desired_kl=0.01) == 1e-2  # upper bound
+    assert adapt_learning_rate(1e-5, kl=1.0, desired_kl=0.01) == 1e-5  # lower bound
+
+
+def test_finished_episodes_carries_unfinished_totals():
+    # env 0: rewards 1, 2 | 3, 4 (done after step 2), env 1: 1, 1, 1, 1 (done at step 4)
+    rewards = torch.tensor([[1.0, 2.0, 3.0, 4.0], [1.0, 1.0, 1.0, 1.0]])
+    dones = torch.tensor([[False, True, False, False], [False, False, False, True]])
+    running_return = torch.tensor([10.0, 0.0])  # env 0 carried 10 from the last rollout
+    running_length = torch.tensor([5, 0])
+    returns, lengths = finished_episodes(rewards, dones, running_return, running_length)
+    assert returns.tolist() == [13.0, 4.0]  # 10 + 1 + 2, then 1 + 1 + 1 + 1
+    assert lengths.tolist() == [7, 4]
+    assert running_return.tolist() == [7.0, 0.0]  # 3 + 4 carried to the next rollout
+    assert running_length.tolist() == [2, 0]
+
+
+# ---------------------------------------------------------------------------
+# GAE and the clipped loss as the trainer configures them
+# ---------------------------------------------------------------------------
+
+
+def three_step_batch(*, terminated_last: bool) -> TensorDict:
+    """One env, three steps of reward 1, observation 0; the last step ends the episode."""
+    last = torch.tensor([False, False, True]).reshape(1, 3, 1)
+    return TensorDict(
+        {
+            "observation": torch.zeros(1, 3, 2),
+            "next": {
+                "observation": torch.zeros(1, 3, 2),
+                "reward": torch.ones(1, 3, 1),
+                "done": last.clone(),
+                "terminated": last.clone() if terminated_last else torch.zeros_like(last),
+                "truncated": torch.zeros_like(last) if terminated_last else last.clone(),
+            },
+        },
+        batch_size=[1, 3],
+    )
+
+
+@pytest.mark.parametrize(
+    ("terminated_last", "expected"),
+    [
+        # V == 1, r == 1, gamma 0.9, lambda 0.8 (gamma * lambda = 0.72).
+        # Truncated: the last step bootstraps, every delta = 1 + 0.9 * 1 - 1 = 0.9:
+        #   A2 = 0.9, A1 = 0.9 + 0.72 * 0.9 = 1.548, A0 = 0.9 + 0.72 * 1.548 = 2.01456
+        (False, [2.01456, 1.548, 0.9]),
+        # Terminated: the last delta is 1 + 0 - 1 = 0:
+        #   A2 = 0, A1 = 0.9, A0 = 0.9 + 0.72 * 0.9 = 1.548
+        (True, [1.548, 0.9, 0.0]),
+    ],
+)
+def test_gae_bootstraps_truncation_but_not_termination(terminated_last, expected):
+    trainer = PPO(DiffPointEnv(1, action_bound=1.0), PPOConfig(gamma=0.9, gae_lambda=0.8, **TINY))
+    constant_networks(trainer, value=1.0)
+    batch = three_step_batch(terminated_last=terminated_last)
+    trainer.advantage_module(batch)
+    assert batch["advantage"].flatten().tolist() == pytest.approx(expected, abs=1e-5)
+    # value target = advantage + V
+    assert batch["value_target"].flatten().tolist() == pytest.approx([a + 1.0 for a in expected], abs=1e-5)
+
+
+def test_clipped_loss_on_hand_worked_batch():
+    config = PPOConfig(init_std=1.0, clip_epsilon=0.2, entropy_coef=0.01, value_coef=0.5, **TINY)
+    trainer = PPO(DiffPointEnv(2, action_bound=1.0), config)
+    constant_networks(trainer, value=1.0)
+    # Two samples, action 0 under N(0, 1): log p = -0.5 log(2 pi). The behaviour
+    # policy gave it log p - log 1.5, so the ratio is 1.5 for both.
+    log_prob = torch.full((2,), -0.5 * math.log(2 * math.pi))
+    batch = TensorDict(
+        {
+            "observation": torch.zeros(2, 2),
+            "action": torch.zeros(2, 1),
+            "action_log_prob": log_prob - math.log(1.5),
+            "advantage": torch.tensor([[1.0], [-1.0]]),
+            "value_target": torch.tensor([[3.0], [1.0]]),
+        },
+        batch_size=[2],
+    )
+    losses = trainer.loss_module(batch)
+    # Advantages normalised by their (unbiased) std sqrt(2): +-1/sqrt(2).
+    # A > 0: min(1.5 A, 1.2 A) = 1.2 / sqrt(2); A < 0: min(-1.5, -1.2) / sqrt(2) = -1.5 / sqrt(2).
+    # loss = -mean = -(1.2 - 1.5) / (2 sqrt(2)) = 0.3 / (2 sqrt(2)) = 0.10607
+    assert losses["loss_objective"].item() == pytest.approx(0.3 / (2 * math.sqrt(2)), abs=1e-5)
+    assert losses["clip_fraction"].item() == pytest.approx(1.0)
+    # Value: 0.5 * mean((1 - 3)^2, (1 - 1)^2) = 0.5 * 2 = 1
+    assert losses["loss_critic"].item() == pytest.approx(1.0, abs=1e-6)
+    # Entropy of N(0, 1): 0.5 log(2 pi e) = 1.41894; the bonus is -0.01 times it.
+    assert losses["loss_entropy"].item() == pytest.approx(-0.01 * 0.5 * math.log(2 * math.pi * math.e), abs=1e-6)
+
+
+# ---------------------------------------------------------------------------
+# The trainer
+# ---------------------------------------------------------------------------
+
+
+def point_env(num_envs: int = 32, seed: int = 0) -> DiffPointEnv:
+    return DiffPointEnv(num_envs, action_bound=1.0, max_steps=25, init_scale=1.0, seed=seed)
+
+
+def test_rollout_shapes_and_counters():
+    trainer = PPO(point_env(8), PPOConfig(num_steps=5, **TINY))
+    batch = trainer.collect()
+    assert batch.batch_size == torch.Size([8, 5])
+    assert batch["action_log_prob"].shape == (8, 5)
+    assert trainer.env_steps == 40 == trainer.steps_per_iteration
+    # The next step's observation continues where this one ended.
+    assert torch.equal(batch["next", "observation"][:, :-1], batch["observation"][:, 1:])
+
+
+def test_ppo_improves_point_mass():
+    torch.manual_seed(0)
+    config = PPOConfig(num_steps=25, num_epochs=5, num_minibatches=4, learning_rate=3e-3, actor_hidden=(32, 32),
+                       critic_hidden=(32, 32))
+    trainer = PPO(point_env(32), config)
+    returns = [trainer.train_iteration()["charts/episode_return"] for _ in range(16)]
+    assert math.isfinite(returns[0])
+    # A random policy drifts away from the goal at 0.5; the trained one moves to it.
+    assert sum(returns[-3:]) / 3 > 0.5 * returns[0], returns
+
+
+def test_normaliser_updated_after_the_update():
+    trainer = PPO(point_env(8), PPOConfig(num_steps=4, **TINY))
+    assert int(trainer.normalizer.count) == 0
+    trainer.train_iteration()
+    assert int(trainer.normalizer.count) == 32
+    trainer_off = PPO(point_env(8), PPOConfig(num_steps=4, normalize_observations=False, **TINY))
+    trainer_off.train_iteration()
+    assert int(trainer_off.normalizer.count) == 0
+
+
+def test_non_finite_loss_raises_before_any_step():
+    env = point_env(8)
+    trainer = PPO(env, PPOConfig(num_steps=4, **TINY))
+    trainer.train_iteration()
+    before = {k: v.clone() for k, v in trainer.policy.state_dict().items()}
+    env.poison_reward = True
+    with pytest.raises(NonFiniteLossError, match="PPO loss is nan"):
+        trainer.train_iteration()
+    for key, value in trainer.policy.state_dict().items():
+        assert torch.equal(value, before[key]), key
+
+
+def test_state_dict_round_trip():
+    config = PPOConfig(num_steps=4, **TINY)
+    trainer = PPO(point_env(8), config)
+    trainer.train_iteration()
+    trainer.train_iteration()
+    restored = PPO(point_env(8, seed=1), config)
+    restored.load_state_dict(trainer.state_dict())
+    observation = torch.randn(5, 2)
+    assert torch.equal(restored.deterministic_policy()(observation), trainer.deterministic_policy()(observation))
+    assert torch.equal(restored.value(observation), trainer.value(observation))
+    assert restored.env_steps == trainer.env_steps and restored.iteration == 2
+    assert restored.learning_rate == trainer.learning_rate
+    assert restored.optimizer.state_dict()["state"][0]["step"] == trainer.optimizer.state_dict()["state"][0]["step"]
+    restored.train_iteration()  # and training goes on
+
+
+def test_deterministic_policy_is_the_clamped_mean():
+    trainer = PPO(point_env(8), PPOConfig(num_steps=4, **TINY))
+    trainer.train_iteration()
+    observation = 3.0 * torch.randn(64, 2)
+    loc, _ = trainer.policy(observation)
+    assert torch.equal(trainer.deterministic_policy()(observation), loc.clamp(-1.0, 1.0))
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("num_steps", 0, "num_steps must be an integer >= 1"),
+        ("lr_schedule", "cosine", "lr_schedule must be one of"),
+        ("gamma", 1.5, "gamma must be in"),
+        ("clip_epsilon", 0.0, "clip_epsilon must be > 0"),
+    ],
+)
+def test_config_validation(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        PPOConfig(**{field: value})

@@ -1,0 +1,201 @@
+"""``waddle train``, ``eval`` and ``export`` end to end on the real MicroDuckEnv (tiny runs).
+
+One short training run (a few thousand env steps) is shared by the tests;
+each command runs in-process through ``waddle.cli.main.main`` except the
+bad-checkpoint test, which runs the installed entry point to see exactly what
+a user sees. Filming needs an OpenGL backend: on a CPU-only Linux machine
+``MUJOCO_GL=osmesa`` with libosmesa6 installed (CI installs it); without one
+the video tests fail rather than skip.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from waddle.cli.main import main
+
+os.environ.setdefault("MUJOCO_GL", "osmesa")
+
+TINY = [
+    "--num-envs", "16",
+    "--num-steps", "16",
+    "--num-epochs", "2",
+    "--num-minibatches", "2",
+    "--actor-hidden", "32", "32",
+    "--critic-hidden", "32", "32",
+    "--checkpoint-every", "3",
+    "--video-frames", "10",
+    "--no-progress",
+]
+STEPS_PER_ITERATION = 16 * 16
+
+
+@pytest.fixture(autouse=True)
+def _restore_threads():
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def read_rows(path):
+    with open(path, newline="") as file:
+        return list(csv.DictReader(file))
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A 2048-step PPO run on the standing task."""
+    out = tmp_path_factory.mktemp("run")
+    code = main(["train", "--task", "standing", "--total-steps", "2048", "--out", str(out), *TINY])
+    assert code == 0
+    return out
+
+
+def test_train_writes_every_output(trained, capsys):
+    names = sorted(path.name for path in trained.iterdir())
+    assert names == ["checkpoint.pt", "config.json", "curve.png", "metrics.csv", "video.mp4"]
+    rows = read_rows(trained / "metrics.csv")
+    assert len(rows) == 2048 // STEPS_PER_ITERATION
+    assert rows[-1]["env_steps"] == "2048"
+    for column in ("charts/episode_return", "charts/episode_length", "steps_per_second", "losses/policy_loss"):
+        assert column in rows[0]
+    config = json.loads((trained / "config.json").read_text())
+    assert config["run"]["task"] == "standing" and config["algorithm"]["actor_hidden"] == [32, 32]
+    assert (trained / "curve.png").read_bytes()[:4] == b"\x89PNG"
+    assert (trained / "video.mp4").stat().st_size > 1000
+
+
+def test_resume_continues_and_appends(trained, tmp_path, capsys):
+    out = tmp_path / "resumed"
+    out.mkdir()
+    for name in ("checkpoint.pt", "metrics.csv", "config.json"):
+        (out / name).write_bytes((trained / name).read_bytes())
+    code = main(["train", "--out", str(out), "--resume", "--total-steps", "3072", "--video-frames", "0", "--no-progress"])
+    assert code == 0
+    rows = read_rows(out / "metrics.csv")
+    assert [int(row["iteration"]) for row in rows] == list(range(1, 13))
+    assert int(rows[-1]["env_steps"]) == 3072
+    assert "trained 3072 env steps" in capsys.readouterr().out
+
+
+def test_resume_refuses_an_incompatible_config(trained, capsys):
+    code = main(["train", "--out", str(trained), "--resume", "--task", "walk", "--total-steps", "4096"])
+    assert code == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "run.task differs" in err and "'standing'" in err and "'walk'" in err
+    code = main(["train", "--out", str(trained), "--resume", "--actor-hidden", "64", "--total-steps", "4096"])
+    assert code == 1
+    assert "algorithm.actor_hidden differs" in capsys.readouterr().err
+
+
+def test_fresh_run_refuses_to_overwrite(trained, capsys):
+    assert main(["train", "--out", str(trained), "--total-steps", "256"]) == 1
+    assert "pass --resume" in capsys.readouterr().err
+
+
+def test_eval_prints_its_metrics(trained, capsys):
+    assert main(["eval", str(trained / "checkpoint.pt"), "--episodes", "2", "--max-steps", "50"]) == 0
+    out = capsys.readouterr().out
+    for label in ("mean return", "mean episode length", "velocity tracking error", "fall rate"):
+        assert label in out
+
+
+def test_eval_video_writes_an_mp4(trained, tmp_path, capsys):
+    video = tmp_path / "eval.mp4"
+    assert main(["eval", str(trained), "--episodes", "1", "--max-steps", "25", "--video", str(video)]) == 0
+    import imageio.v2 as imageio
+
+    reader = imageio.get_reader(video)
+    frame = reader.get_data(0)
+    num_frames = reader.count_frames()
+    reader.close()
+    assert 1 <= num_frames <= 25
+    assert frame.ndim == 3 and frame.shape[-1] == 3 and frame.std() > 0  # a picture, not a blank
+
+
+def test_export_onnx_matches_the_torch_policy(trained, tmp_path, capsys):
+    import onnx
+    import onnxruntime
+
+    from waddle.algorithms.checkpoint import load_checkpoint
+    from waddle.algorithms.evaluation import policy_from_checkpoint
+    from waddle.algorithms.presets import make_env
+
+    path = tmp_path / "policy.onnx"
+    assert main(["export", str(trained / "checkpoint.pt"), "--onnx", str(path)]) == 0
+    assert "parity" in capsys.readouterr().out
+    model = onnx.load(str(path))
+    onnx.checker.check_model(model)
+    dims = lambda value: [d.dim_value for d in value.type.tensor_type.shape.dim]  # noqa: E731
+    assert dims(model.graph.input[0]) == [1, 56] and dims(model.graph.output[0]) == [1, 14]
+
+    # Independent parity check: real observations from the env, raw (unnormalised).
+    env = make_env("standing", num_envs=8, seed=3)
+    policy = policy_from_checkpoint(load_checkpoint(trained / "checkpoint.pt"), env)
+    observations = env.rollout(20, break_when_any_done=False)["observation"].reshape(-1, 56)
+    env.close()
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    with torch.no_grad():
+        for row in observations[::7]:
+            (onnx_action,) = session.run(None, {"observation": row.reshape(1, 56).numpy()})
+            np.testing.assert_allclose(onnx_action, policy(row.reshape(1, 56)).numpy(), atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("argv", "choices"),
+    [
+        (["train", "--task", "fly"], "standing, walk, speed-range, sidestep, jump, mix"),
+        (["train", "--algo", "sac"], "ppo, shac, apg"),
+        (["train", "--backend", "bullet"], "mujoco, mjx, mujoco-torch"),
+    ],
+)
+def test_bad_names_are_argparse_errors(argv, choices, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "invalid choice" in err and choices.replace(", ", "', '") in err
+
+
+def test_algorithm_flag_of_another_algorithm_is_refused(tmp_path, capsys):
+    assert main(["train", "--out", str(tmp_path / "x"), "--horizon", "8"]) == 1
+    assert "--horizon do(es) not apply to --algo ppo" in capsys.readouterr().err
+
+
+def bad_checkpoint(kind, trained, tmp_path):
+    path = tmp_path / "checkpoint.pt"
+    if kind == "truncated":
+        path.write_bytes((trained / "checkpoint.pt").read_bytes()[:5000])
+    elif kind == "foreign":
+        torch.save({"model": torch.zeros(3)}, path)
+    return path
+
+
+@pytest.mark.parametrize("kind", ["missing", "truncated", "foreign"])
+@pytest.mark.parametrize("command", ["eval", "export"])
+def test_bad_checkpoint_is_one_line_and_non_zero(kind, command, trained, tmp_path, capsys):
+    path = bad_checkpoint(kind, trained, tmp_path)
+    argv = [command, str(path)] + (["--onnx", str(tmp_path / "p.onnx")] if command == "export" else [])
+    assert main(argv) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"waddle {command}: error:"), lines
+    assert not (tmp_path / "p.onnx").exists()
+
+
+def test_bad_checkpoint_from_the_shell_has_no_traceback(trained, tmp_path):
+    path = bad_checkpoint("truncated", trained, tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-m", "waddle", "eval", str(path)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("waddle eval: error:") and "truncated" in lines[0], done.stderr
