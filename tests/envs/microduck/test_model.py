@@ -352,7 +352,7 @@ def test_soles_support_the_stand_pose_with_stiff_servos():
     """The soles carry the robot: with the STAND ctrl held by 5x stiffer servos it stands still.
 
     The reference's own servos (kp 0.55 N m/rad) are too soft to hold STAND without
-    feedback (see the xfail below); they need about 1.4 N m/rad. Stiffening them
+    feedback (see the test below); they need about 1.4 N m/rad. Stiffening them
     here isolates what this model adds, the sole geometry, from the reference gains.
     """
     model = mujoco.MjModel.from_xml_path(str(C.EMBEDDED_SCENE))
@@ -367,11 +367,13 @@ def test_soles_support_the_stand_pose_with_stiff_servos():
     assert np.abs(data.qvel).max() < 0.05  # settled
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the reference servos (kp 0.55 N m/rad, chosen_actuator) cannot hold STAND passively: "
-    "hip and ankle pitch give way and the robot sits back and falls over backwards after ~0.7 s; "
-    "a policy has to balance it"))
-def test_reference_servos_hold_the_stand_pose(model):
+def test_reference_servos_cannot_hold_the_stand_pose_passively(model):
+    """The reference servos (kp 0.55 N m/rad, chosen_actuator) are too soft for STAND.
+
+    Hip and ankle pitch give way, the robot sits back and tips over backwards
+    within about a second, so even standing needs a balancing policy. The env's
+    fall detection, the docs and the training defaults rely on this.
+    """
     heights, upright, _ = _hold_stand(model, 2.0)
-    assert np.abs(heights - C.STANDING_HEIGHT).max() < 0.02
-    assert upright.min() > np.cos(np.radians(15))
+    assert upright.min() < np.cos(np.radians(45))
+    assert heights.min() < 0.55 * C.STANDING_HEIGHT + 0.01
