@@ -1,0 +1,23 @@
+"""JAX <-> torch bridge: zero-copy DLPack conversion and a JAX function with torch autograd.
+
+* :func:`torch_to_jax` / :func:`jax_to_torch`: zero-copy conversion (CPU and GPU).
+* :func:`enable_x64` / :func:`x64_enabled`: thread-local JAX 64-bit mode, needed
+  for float64 tensors (waddle never flips ``jax_enable_x64`` globally).
+* :class:`JaxFunction`: call a pure JAX function on torch tensors; with grad
+  enabled its backward applies a VJP compiled once per input signature.
+
+JAX is imported lazily: importing :mod:`waddle.bridge` works without it, and
+the first use raises an :class:`ImportError` naming ``pip install 'waddle[brax]'``.
+"""
+
+from waddle.bridge.dlpack import enable_x64, jax_to_torch, torch_to_jax, x64_enabled
+from waddle.bridge.function import JaxFunction, NonFiniteGradientWarning
+
+__all__ = [
+    "JaxFunction",
+    "NonFiniteGradientWarning",
+    "enable_x64",
+    "jax_to_torch",
+    "torch_to_jax",
+    "x64_enabled",
+]

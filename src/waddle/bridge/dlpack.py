@@ -1,0 +1,147 @@
+"""Zero-copy conversion between :class:`torch.Tensor` and :class:`jax.Array`.
+
+Both directions go through DLPack, so on CPU and on CUDA the result shares
+memory with its source: no host round trip, no copy. Copies happen only where
+DLPack cannot express the source:
+
+* a non-contiguous tensor is made contiguous first (one copy), since JAX
+  buffers are always dense row-major;
+* a tensor that requires grad is detached first (no copy; the result simply
+  has no autograd history);
+* a CPU tensor whose storage is not aligned the way XLA wants it (a view
+  starting at an odd offset, say) is copied by JAX itself;
+* a 64-bit integer tensor while JAX's 64-bit mode is off is narrowed to int32
+  by JAX, as JAX does for every input (a copy).
+
+64-bit floats
+-------------
+JAX runs in 32-bit mode unless ``jax_enable_x64`` is set, and in that mode it
+would silently narrow a float64 tensor to float32. :func:`torch_to_jax`
+refuses to do that and raises instead. Run float64 code inside
+:func:`enable_x64`::
+
+    with waddle.bridge.enable_x64():
+        x = torch_to_jax(torch.ones(3, dtype=torch.float64))  # float64 array
+
+:func:`enable_x64` is a thread-local context manager around
+:func:`jax.enable_x64`; nothing in waddle flips ``jax_enable_x64`` globally
+(do it yourself with ``jax.config.update("jax_enable_x64", True)`` if the
+whole program is 64-bit). Functions jitted under 64-bit mode are compiled
+separately from the 32-bit ones, so the two modes can be mixed.
+
+Aliasing
+--------
+JAX arrays are immutable and XLA may assume that nobody writes to a buffer it
+is still using. A tensor obtained from :func:`jax_to_torch` shares its memory
+with the JAX array; writing into it in place also changes the JAX array.
+Treat such tensors as read-only (out-of-place ops are fine).
+
+jax is imported lazily, so importing this module costs nothing when JAX is not
+installed; the functions raise an :class:`ImportError` that names the extra to
+install.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+__all__ = [
+    "enable_x64",
+    "import_jax",
+    "jax_to_torch",
+    "torch_to_jax",
+    "x64_enabled",
+]
+
+_INSTALL_HINT = "pip install 'waddle[brax]'"
+
+_jax_mod = None
+_jax_dlpack = None
+
+_WIDE_FLOATS = (torch.float64, torch.complex128)
+_WIDE_INTS = (torch.int64, torch.uint64)
+
+
+def import_jax():
+    """Returns the :mod:`jax` module, or raises an :class:`ImportError` naming the extra."""
+    global _jax_mod, _jax_dlpack
+    if _jax_mod is None:
+        try:
+            import jax
+            import jax.dlpack
+        except ImportError as err:  # pragma: no cover - exercised without jax only
+            raise ImportError(
+                "waddle.bridge needs JAX, which is not installed. Install it with "
+                f"`{_INSTALL_HINT}` (or `pip install 'waddle[mjx]'`)."
+            ) from err
+        _jax_mod = jax
+        _jax_dlpack = jax.dlpack
+    return _jax_mod
+
+
+def x64_enabled() -> bool:
+    """Whether JAX's 64-bit mode is on in this thread (globally or via :func:`enable_x64`)."""
+    jax = import_jax()
+    return bool(jax.config.read("jax_enable_x64"))
+
+
+@contextlib.contextmanager
+def enable_x64(enabled: bool = True) -> Iterator[None]:
+    """Turns JAX's 64-bit mode on (or off) for the duration of a ``with`` block.
+
+    The setting is thread-local and restored on exit; the global
+    ``jax_enable_x64`` flag is never changed. :class:`~waddle.bridge.JaxFunction`
+    records the mode in effect when it runs forward and uses the same mode in
+    backward, even when torch runs backward on another thread.
+    """
+    jax = import_jax()
+    with jax.enable_x64(bool(enabled)):
+        yield
+
+
+def torch_to_jax(tensor: torch.Tensor) -> Any:
+    """Returns a :class:`jax.Array` sharing memory with ``tensor``.
+
+    ``tensor`` is detached (autograd history is dropped, never its data) and
+    made contiguous if it is not. 0-dim tensors give 0-dim arrays. The array
+    lives on the JAX device matching the tensor's device (CPU, or the CUDA
+    device with the same index).
+
+    Raises:
+        TypeError: if ``tensor`` is float64/complex128 while JAX's 64-bit mode
+            is off (see :func:`enable_x64`); JAX would otherwise narrow it to
+            32 bits silently.
+    """
+    import_jax()
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"torch_to_jax expects a torch.Tensor, got {type(tensor).__name__}.")
+    if tensor.dtype in _WIDE_FLOATS and not x64_enabled():
+        raise TypeError(
+            f"Cannot convert a {tensor.dtype} tensor to JAX while JAX's 64-bit mode is "
+            "off: JAX would silently narrow it to 32 bits. Wrap the call in "
+            "`with waddle.bridge.enable_x64():` or cast the tensor first."
+        )
+    if tensor.requires_grad:
+        tensor = tensor.detach()
+    if not tensor.is_contiguous():
+        tensor = tensor.contiguous()
+    if tensor.is_conj():
+        tensor = tensor.resolve_conj()
+    if tensor.is_neg():
+        tensor = tensor.resolve_neg()
+    return _jax_dlpack.from_dlpack(tensor)
+
+
+def jax_to_torch(array: Any) -> torch.Tensor:
+    """Returns a :class:`torch.Tensor` sharing memory with the JAX ``array``.
+
+    The tensor has the array's shape, dtype and device. It does not require
+    grad. Do not modify it in place: that would change the (immutable) JAX
+    array too.
+    """
+    import_jax()
+    return torch.from_dlpack(array)
