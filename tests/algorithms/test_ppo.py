@@ -21,14 +21,6 @@ from waddle.algorithms.ppo import (
 TINY = dict(actor_hidden=(16,), critic_hidden=(16,))
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def constant_networks(trainer: PPO, *, value: float) -> None:
     """Make the policy mean 0 and the value ``value`` whatever the observation."""
     with torch.no_grad():

@@ -17,14 +17,6 @@ CONFIG = PPOConfig(num_steps=4, num_epochs=1, num_minibatches=2, actor_hidden=(8
 STEPS = 4 * 8  # num_steps x num_envs
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def make_runner(out, *, total_iterations, checkpoint_every=2, trainer=None):
     trainer = trainer or PPO(DiffPointEnv(8, action_bound=1.0, max_steps=6), CONFIG)
     return Runner(

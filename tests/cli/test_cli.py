@@ -40,6 +40,7 @@ STEPS_PER_ITERATION = 16 * 16
 
 @pytest.fixture(autouse=True)
 def _restore_threads():
+    """``waddle train`` sets torch's thread count; later tests keep conftest's."""
     threads = torch.get_num_threads()
     yield
     torch.set_num_threads(threads)

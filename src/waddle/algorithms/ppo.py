@@ -69,9 +69,9 @@ class PPOConfig:
     """Weight of the value (critic) loss."""
     max_grad_norm: float = 1.0
     """Gradients are rescaled to at most this global norm."""
-    actor_hidden: tuple[int, ...] = (128, 128, 128)
+    actor_hidden: tuple[int, ...] = (128, 128)
     """Hidden layer widths of the policy network."""
-    critic_hidden: tuple[int, ...] = (256, 256, 256)
+    critic_hidden: tuple[int, ...] = (256, 128)
     """Hidden layer widths of the value network."""
     init_std: float = 0.5
     """Initial standard deviation of the Gaussian policy (actions live in [-1, 1])."""
@@ -163,8 +163,9 @@ class PPO:
 
     Args:
         env: a TorchRL env with ``batch_size=(num_envs,)``, a flat
-            ``"observation"`` and a flat action in ``[-1, 1]`` (wider bounds are
-            clamped to, but not rescaled).
+            ``"observation"`` and a bounded flat action. Sampled actions are
+            not squashed: the env clips them to its bounds (MicroDuckEnv
+            does), and the deterministic policy clamps its mean the same way.
         config: hyperparameters.
         device: where the networks live (the env's device by default).
 
@@ -174,9 +175,13 @@ class PPO:
         steps_per_iteration: env steps per iteration, ``num_steps * num_envs``.
 
     Example:
-        >>> from tests.helpers.diff_point_env import DiffPointEnv  # doctest: +SKIP
-        >>> trainer = PPO(DiffPointEnv(16, action_bound=1.0), PPOConfig(num_steps=8))  # doctest: +SKIP
-        >>> trainer.train_iteration()["charts/episode_return"]  # doctest: +SKIP
+        >>> from waddle.envs import MicroDuckEnv
+        >>> env = MicroDuckEnv(tasks=[MicroDuckEnv.standing_task()], num_envs=256, seed=0)  # doctest: +SKIP
+        >>> trainer = PPO(env, PPOConfig())  # doctest: +SKIP
+        >>> for _ in range(40):  # doctest: +SKIP
+        ...     metrics = trainer.train_iteration()
+        >>> metrics["charts/episode_length"] > 450  # doctest: +SKIP
+        True
     """
 
     def __init__(self, env: EnvBase, config: PPOConfig | None = None, device: torch.device | str | None = None) -> None:

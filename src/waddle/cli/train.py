@@ -201,8 +201,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         config, checkpoint = resolve_config(args)
-    except (CheckpointError, ValueError) as err:
-        return _error(str(err))
+    except (CheckpointError, ValueError, TypeError) as err:  # TypeError: a config field this version lacks
+        return _error(str(err).splitlines()[0])
     run_config = TrainConfig(**config["run"])
     out = Path(args.out)
     start_iteration = 0 if checkpoint is None else int(checkpoint["iteration"])
