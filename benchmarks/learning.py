@@ -66,7 +66,8 @@ def standing_holds(result: EvaluationResult) -> bool:
 
 
 def walking_holds(result: EvaluationResult) -> bool:
-    return result.mean_episode_length >= STANDING_LENGTH and abs(result.mean_forward_speed - WALK_SPEED) <= SPEED_TOLERANCE
+    on_speed = abs(result.mean_forward_speed - WALK_SPEED) <= SPEED_TOLERANCE
+    return result.mean_episode_length >= STANDING_LENGTH and on_speed
 
 
 def train_until(
@@ -105,7 +106,8 @@ def train_until(
                 return outcome, trainer
     last = evaluation.as_dict() if evaluation is not None else {}
     note = f"not reached within {minutes_limit} min of training"
-    return Outcome(part, False, train_s / 60, iteration * steps_per_iteration, iteration, eval_s / 60, last, note), trainer
+    env_steps = iteration * steps_per_iteration
+    return Outcome(part, False, train_s / 60, env_steps, iteration, eval_s / 60, last, note), trainer
 
 
 def ppo_part(part: str, task: str, args: argparse.Namespace, holds) -> tuple[Outcome, PPO]:
@@ -149,12 +151,13 @@ def shac_part(args: argparse.Namespace, target_return: float, ppo_steps: int) ->
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--parts", nargs="+", choices=["standing", "walking", "shac"], default=["standing", "walking", "shac"])
+    parts = ["standing", "walking", "shac"]
+    parser.add_argument("--parts", nargs="+", choices=parts, default=parts)
     parser.add_argument("--num-envs", type=int, default=256, help="PPO envs")
     parser.add_argument("--shac-envs", type=int, default=64, help="SHAC envs (MJX)")
     parser.add_argument("--eval-envs", type=int, default=32, help="envs (one episode each) per evaluation")
     parser.add_argument("--eval-every", type=int, default=10, help="walking/SHAC: also evaluate every N iterations")
-    parser.add_argument("--standing-minutes", type=float, default=20.0, help="give up standing after this much training")
+    parser.add_argument("--standing-minutes", type=float, default=20.0, help="give up standing after this long")
     parser.add_argument("--walking-minutes", type=float, default=90.0, help="give up walking after this much training")
     parser.add_argument("--shac-minutes", type=float, default=60.0, help="give up SHAC after this much training")
     parser.add_argument("--seed", type=int, default=0)
@@ -174,7 +177,8 @@ def main() -> None:
         if standing is not None and standing.reached:
             outcomes.append(shac_part(args, standing.evaluation["mean_return"], standing.env_steps))
         else:
-            outcomes.append(Outcome("shac", False, 0.0, 0, 0, 0.0, note="PPO standing was not reached: no target return"))
+            note = "PPO standing was not reached: no target return"
+            outcomes.append(Outcome("shac", False, 0.0, 0, 0, 0.0, note=note))
 
     print()
     print(f"{'part':<10} {'reached':<8} {'minutes':>8} {'env steps':>12} {'eval min':>9}  details")
@@ -185,7 +189,8 @@ def main() -> None:
             f"forward speed {e['mean_forward_speed']:.3f} m/s, falls {100 * e['fall_rate']:.0f}%"
             if e else ""
         )
-        print(f"{o.part:<10} {str(o.reached):<8} {o.minutes:>8.1f} {o.env_steps:>12,} {o.eval_minutes:>9.1f}  {details} {o.note}")
+        figures = f"{o.part:<10} {str(o.reached):<8} {o.minutes:>8.1f} {o.env_steps:>12,} {o.eval_minutes:>9.1f}"
+        print(f"{figures}  {details} {o.note}")
     if args.json:
         with open(args.json, "w") as file:
             json.dump([asdict(o) for o in outcomes], file, indent=2)

@@ -163,7 +163,7 @@ def test_ppo_improves_point_mass():
     config = PPOConfig(num_steps=25, num_epochs=5, num_minibatches=4, learning_rate=3e-3, actor_hidden=(32, 32),
                        critic_hidden=(32, 32))
     trainer = PPO(point_env(32), config)
-    returns = [trainer.train_iteration()["charts/episode_return"] for _ in range(16)]
+    returns = [trainer.train_iteration()["charts/episode_return"] for _ in range(12)]
     assert math.isfinite(returns[0])
     # A random policy drifts away from the goal at 0.5; the trained one moves to it.
     assert sum(returns[-3:]) / 3 > 0.5 * returns[0], returns

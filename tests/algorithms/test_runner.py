@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 
-import pytest
 import torch
 
 from tests.helpers.diff_point_env import DiffPointEnv

@@ -79,7 +79,8 @@ def test_resume_continues_and_appends(trained, tmp_path, capsys):
     out.mkdir()
     for name in ("checkpoint.pt", "metrics.csv", "config.json"):
         (out / name).write_bytes((trained / name).read_bytes())
-    code = main(["train", "--out", str(out), "--resume", "--total-steps", "3072", "--video-frames", "0", "--no-progress"])
+    argv = ["train", "--out", str(out), "--resume", "--total-steps", "3072", "--video-frames", "0", "--no-progress"]
+    code = main(argv)
     assert code == 0
     rows = read_rows(out / "metrics.csv")
     assert [int(row["iteration"]) for row in rows] == list(range(1, 13))

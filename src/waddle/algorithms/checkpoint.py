@@ -117,7 +117,9 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         payload = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as err:  # noqa: BLE001 - torch.load fails in many ways (zip, unpickler, EOF, key errors)
         reason = str(err).strip().splitlines()[0].split(". ")[0] if str(err).strip() else type(err).__name__
-        raise CheckpointError(f"checkpoint {path} cannot be read, truncated or not a torch file ({reason[:160]}).") from None
+        raise CheckpointError(
+            f"checkpoint {path} cannot be read, truncated or not a torch file ({reason[:160]})."
+        ) from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a waddle checkpoint (no '{FORMAT}' marker).")
     if payload.get("version") != VERSION:

@@ -64,7 +64,9 @@ def deterministic_policy(trainer: Any) -> nn.Module:
     return NormalizedMeanPolicy(net, getattr(trainer, "normalizer", None), low, high).eval()
 
 
-def policy_from_checkpoint(checkpoint: Mapping[str, Any], env: EnvBase, device: torch.device | str = "cpu") -> nn.Module:
+def policy_from_checkpoint(
+    checkpoint: Mapping[str, Any], env: EnvBase, device: torch.device | str = "cpu"
+) -> nn.Module:
     """Rebuild the trainer a checkpoint came from around ``env`` and return its deterministic policy.
 
     ``env`` only needs the observation and action specs of the training env

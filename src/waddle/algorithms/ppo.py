@@ -297,13 +297,19 @@ class PPO:
                 losses = self.loss_module(mb_data)
                 loss = sum(value for key, value in losses.items() if key.startswith("loss_"))
                 if not torch.isfinite(loss):
-                    parts = ", ".join(f"{logged[k]}={float(v.detach()):.4g}" for k, v in losses.items() if k.startswith("loss_"))
-                    raise NonFiniteLossError(f"PPO loss is {float(loss.detach())} at iteration {self.iteration + 1} ({parts}).")
+                    parts = ", ".join(
+                        f"{logged[key]}={float(value.detach()):.4g}" for key, value in losses.items() if key in logged
+                    )
+                    raise NonFiniteLossError(
+                        f"PPO loss is {float(loss.detach())} at iteration {self.iteration + 1} ({parts})."
+                    )
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 grad_norm = torch.nn.utils.clip_grad_norm_(self._parameters(), config.max_grad_norm)
                 if not torch.isfinite(grad_norm):
-                    raise NonFiniteLossError(f"PPO gradient norm is {float(grad_norm)} at iteration {self.iteration + 1}.")
+                    raise NonFiniteLossError(
+                        f"PPO gradient norm is {float(grad_norm)} at iteration {self.iteration + 1}."
+                    )
                 self.optimizer.step()
 
                 if config.lr_schedule == "adaptive":

@@ -67,7 +67,7 @@ class TrainConfig:
     video_frames: int = 250
     """Frames of the trained policy filmed to video.mp4 at the end (0: no video)."""
     torch_threads: int = 1
-    """Threads of torch's own ops (0: torch's default). One is fastest on a small, busy CPU: the physics has its own thread pool."""
+    """Threads of torch's own ops (0: torch's default); the physics has its own pool, so 1 is fastest on a small CPU."""
 
     def __post_init__(self) -> None:
         for name in ("num_envs", "total_steps", "checkpoint_every"):
@@ -330,7 +330,8 @@ class Runner:
                 bad = non_finite_losses(metrics)
                 if bad:
                     values = ", ".join(f"{key}={metrics[key]}" for key in bad)
-                    return self._stopped("non-finite", f"non-finite loss at iteration {self.iteration + 1}: {values}.", bar)
+                    reason = f"non-finite loss at iteration {self.iteration + 1}: {values}."
+                    return self._stopped("non-finite", reason, bar)
                 elapsed = time.perf_counter() - start
                 self.iteration += 1
                 self.env_steps += self.steps_per_iteration
@@ -362,7 +363,8 @@ class Runner:
             return self._stopped("interrupted", "interrupted", bar)
         finally:
             bar.close()
-        return RunResult("finished", f"trained {self.env_steps} env steps", self.env_steps, self.checkpoint_env_steps, row)
+        message = f"trained {self.env_steps} env steps"
+        return RunResult("finished", message, self.env_steps, self.checkpoint_env_steps, row)
 
     def _stopped(self, status: str, reason: str, bar: Any) -> RunResult:
         bar.close()
@@ -375,7 +377,8 @@ class Runner:
         except KeyboardInterrupt:
             pass
         message = f"{reason.rstrip('.')}; stopped at step {self.env_steps}, {kept}."
-        return RunResult(status, message, self.env_steps, self.checkpoint_env_steps, self.history[-1] if self.history else {})
+        last = self.history[-1] if self.history else {}
+        return RunResult(status, message, self.env_steps, self.checkpoint_env_steps, last)
 
 
 def _postfix(row: Mapping[str, float]) -> dict[str, str]:

@@ -17,11 +17,17 @@ from waddle.algorithms.presets import BACKENDS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("checkpoint", metavar="CHECKPOINT", help="a checkpoint.pt written by waddle train (or its run directory)")
+    parser.add_argument(
+        "checkpoint", metavar="CHECKPOINT", help="a checkpoint.pt written by waddle train (or its run directory)"
+    )
     parser.add_argument("--episodes", type=int, default=16, metavar="N", help="episodes, run side by side (default 16)")
     parser.add_argument("--video", metavar="PATH", help="write an mp4 of the first env's episode here")
-    parser.add_argument("--max-steps", type=int, metavar="N", help="cut episodes after N steps (default: the env's limit, 500)")
-    parser.add_argument("--seed", type=int, default=12345, metavar="S", help="seed of the evaluation envs (default 12345)")
+    parser.add_argument(
+        "--max-steps", type=int, metavar="N", help="cut episodes after N steps (default: the env's limit, 500)"
+    )
+    parser.add_argument(
+        "--seed", type=int, default=12345, metavar="S", help="seed of the evaluation envs (default 12345)"
+    )
     parser.add_argument("--backend", choices=BACKENDS, help="physics backend (default: the one it was trained on)")
     parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
 
@@ -62,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
         result = evaluate(env, policy, video_path=args.video, max_steps=args.max_steps)
     finally:
         env.close()
-    print(f"checkpoint               {path} ({checkpoint['algo']}, task {run_config['task']}, {checkpoint['env_steps']} env steps)")
+    trained = f"{checkpoint['algo']}, task {run_config['task']}, {checkpoint['env_steps']} env steps"
+    print(f"checkpoint               {path} ({trained})")
     print(f"episodes                 {result.episodes}")
     print(f"mean return              {result.mean_return:.3f}")
     print(f"mean episode length      {result.mean_episode_length:.1f} steps")

@@ -22,10 +22,16 @@ OUTPUT_NAME = "action"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("checkpoint", metavar="CHECKPOINT", help="a checkpoint.pt written by waddle train (or its run directory)")
+    parser.add_argument(
+        "checkpoint", metavar="CHECKPOINT", help="a checkpoint.pt written by waddle train (or its run directory)"
+    )
     parser.add_argument("--onnx", required=True, metavar="PATH", help="where to write the ONNX graph")
-    parser.add_argument("--samples", type=int, default=256, metavar="N", help="random observations of the parity check (default 256)")
-    parser.add_argument("--atol", type=float, default=1e-4, metavar="X", help="largest |onnx - torch| accepted (default 1e-4)")
+    parser.add_argument(
+        "--samples", type=int, default=256, metavar="N", help="random observations of the parity check (default 256)"
+    )
+    parser.add_argument(
+        "--atol", type=float, default=1e-4, metavar="X", help="largest |onnx - torch| accepted (default 1e-4)"
+    )
 
 
 def export_onnx(policy: torch.nn.Module, observation_dim: int, path: str | Path) -> None:
@@ -97,8 +103,10 @@ def run(args: argparse.Namespace) -> int:
     export_onnx(policy, observation_dim, args.onnx)
     worst = onnx_parity(policy, args.onnx, random_observations(policy, observation_dim, args.samples))
     if not worst <= args.atol:
-        print(f"waddle export: error: {args.onnx} differs from the torch policy by {worst:.3g} > --atol {args.atol}", file=sys.stderr)
+        message = f"{args.onnx} differs from the torch policy by {worst:.3g} > --atol {args.atol}"
+        print(f"waddle export: error: {message}", file=sys.stderr)
         return 1
-    print(f"wrote {args.onnx}: {INPUT_NAME} [1, {observation_dim}] -> {OUTPUT_NAME} [1, {action_dim}], normaliser included")
+    shapes = f"{INPUT_NAME} [1, {observation_dim}] -> {OUTPUT_NAME} [1, {action_dim}]"
+    print(f"wrote {args.onnx}: {shapes}, normaliser included")
     print(f"parity: max |onnx - torch| = {worst:.2e} over {args.samples} random observations")
     return 0

@@ -28,7 +28,13 @@ from waddle.algorithms.runner import CHECKPOINT_FILE, CONFIG_FILE, CURVE_FILE, M
 
 DEFAULT_OUT = "runs/train"
 VIDEO_FILE = "video.mp4"
-RESUMABLE_FIELDS = ("run.total_steps", "run.checkpoint_every", "run.plot_every_s", "run.video_frames", "run.torch_threads")
+RESUMABLE_FIELDS = (
+    "run.total_steps",
+    "run.checkpoint_every",
+    "run.plot_every_s",
+    "run.video_frames",
+    "run.torch_threads",
+)
 """Config fields ``--resume`` lets a run change; any other difference is refused."""
 CHOICES = {"task": tuple(TASKS), "algo": tuple(ALGORITHMS), "backend": BACKENDS}
 
@@ -114,7 +120,8 @@ def add_config_arguments(
         if name in CHOICES:
             kwargs["choices"] = CHOICES[name]
             kwargs.pop("metavar", None)
-        group.add_argument(_flag(name), dest=name, default=None, help=f"{doc} (default {'; '.join(defaults)})".replace("%", "%%"), **kwargs)
+        help_text = f"{doc} (default {'; '.join(defaults)})".replace("%", "%%")
+        group.add_argument(_flag(name), dest=name, default=None, help=help_text, **kwargs)
     return owners
 
 
@@ -134,7 +141,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", help="torch device of the networks and the env")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="hide the progress bar")
     add_config_arguments(parser, {"run": TrainConfig}, title="run")
-    parser.set_defaults(algorithm_fields=add_config_arguments(parser, _algorithm_configs(), title="algorithm hyperparameters"))
+    algorithm_fields = add_config_arguments(parser, _algorithm_configs(), title="algorithm hyperparameters")
+    parser.set_defaults(algorithm_fields=algorithm_fields)
 
 
 # ---------------------------------------------------------------------------
@@ -207,7 +215,8 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     start_iteration = 0 if checkpoint is None else int(checkpoint["iteration"])
     if checkpoint is not None and checkpoint["env_steps"] >= run_config.total_steps:
-        print(f"{out / CHECKPOINT_FILE} already holds {checkpoint['env_steps']} env steps >= --total-steps; nothing to train.")
+        steps = checkpoint["env_steps"]
+        print(f"{out / CHECKPOINT_FILE} already holds {steps} env steps >= --total-steps; nothing to train.")
         return 0
     if checkpoint is None:  # a fresh run: leftovers of a run stopped before its first checkpoint go
         for name in (METRICS_FILE, CURVE_FILE):
