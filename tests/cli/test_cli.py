@@ -201,3 +201,22 @@ def test_bad_checkpoint_from_the_shell_has_no_traceback(trained, tmp_path):
     assert "Traceback" not in done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("waddle eval: error:") and "truncated" in lines[0], done.stderr
+
+
+def test_every_config_field_has_a_documented_flag():
+    import dataclasses
+
+    from waddle.algorithms.ppo import PPOConfig
+    from waddle.algorithms.runner import TrainConfig
+    from waddle.cli.main import build_parser
+    from waddle.cli.train import field_docs
+
+    parser = build_parser()
+    train = parser._subparsers._group_actions[0].choices["train"]
+    helps = {flag: action.help for action in train._actions for flag in action.option_strings}
+    for cls in (TrainConfig, PPOConfig):
+        docs = field_docs(cls)
+        for field in dataclasses.fields(cls):
+            assert docs.get(field.name), f"{cls.__name__}.{field.name} has no docstring"
+            flag = "--" + field.name.replace("_", "-")
+            assert flag in helps and docs[field.name] in helps[flag].replace("%%", "%"), flag
