@@ -63,7 +63,7 @@ class PPOConfig:
     """GAE lambda: 0 is one-step TD, 1 is Monte Carlo."""
     clip_epsilon: float = 0.2
     """Clip range of the probability ratio in the surrogate objective."""
-    entropy_coef: float = 0.005
+    entropy_coef: float = 0.01
     """Weight of the entropy bonus."""
     value_coef: float = 1.0
     """Weight of the value (critic) loss."""
@@ -73,8 +73,8 @@ class PPOConfig:
     """Hidden layer widths of the policy network."""
     critic_hidden: tuple[int, ...] = (256, 128)
     """Hidden layer widths of the value network."""
-    init_std: float = 0.5
-    """Initial standard deviation of the Gaussian policy (actions live in [-1, 1])."""
+    init_std: float = 1.0
+    """Initial standard deviation of the Gaussian policy (actions live in [-1, 1]; the env clips samples)."""
     normalize_observations: bool = True
     """Normalise observations by running mean and variance (frozen at identity when False)."""
 
