@@ -165,7 +165,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)  # the physics has its own threads; one torch thread is fastest on 2 busy cores
 
-    print(f"waddle learning benchmark: {len(os.sched_getaffinity(0))} CPU cores, torch {torch.__version__}", flush=True)
+    cores, load = len(os.sched_getaffinity(0)), os.getloadavg()[0]
+    print(f"waddle learning benchmark: {cores} CPU cores (load average {load:.1f}), torch {torch.__version__}", flush=True)
     outcomes: list[Outcome] = []
     standing = None
     if "standing" in args.parts or "shac" in args.parts:
@@ -180,7 +181,7 @@ def main() -> None:
             note = "PPO standing was not reached: no target return"
             outcomes.append(Outcome("shac", False, 0.0, 0, 0, 0.0, note=note))
 
-    print()
+    print(f"\nload average at the end: {os.getloadavg()[0]:.1f} (figures scale with how busy the cores were)")
     print(f"{'part':<10} {'reached':<8} {'minutes':>8} {'env steps':>12} {'eval min':>9}  details")
     for o in outcomes:
         e = o.evaluation
