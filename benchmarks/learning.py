@@ -24,6 +24,7 @@ Usage::
 
     python benchmarks/learning.py                   # standing, walking, shac
     python benchmarks/learning.py --parts standing walking --json results.json
+    python benchmarks/learning.py --parts shac --ppo-standing 56.85 262144  # reuse a standing figure
 """
 
 from __future__ import annotations
@@ -160,6 +161,10 @@ def main() -> None:
     parser.add_argument("--standing-minutes", type=float, default=20.0, help="give up standing after this long")
     parser.add_argument("--walking-minutes", type=float, default=90.0, help="give up walking after this much training")
     parser.add_argument("--shac-minutes", type=float, default=60.0, help="give up SHAC after this much training")
+    parser.add_argument(
+        "--ppo-standing", nargs=2, type=float, metavar=("RETURN", "STEPS"),
+        help="SHAC's target from an earlier standing measurement, instead of measuring it again",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", metavar="PATH", help="also write the figures here")
     args = parser.parse_args()
@@ -168,15 +173,19 @@ def main() -> None:
     cores, load = len(os.sched_getaffinity(0)), os.getloadavg()[0]
     print(f"waddle learning benchmark: {cores} CPU cores (load average {load:.1f}), torch {torch.__version__}", flush=True)
     outcomes: list[Outcome] = []
-    standing = None
-    if "standing" in args.parts or "shac" in args.parts:
+    target = None  # (PPO's standing return, its env steps): what SHAC has to reach
+    if args.ppo_standing is not None:
+        target = (args.ppo_standing[0], int(args.ppo_standing[1]))
+    if "standing" in args.parts or ("shac" in args.parts and target is None):
         standing, _ = ppo_part("standing", "standing", args, standing_holds)
         outcomes.append(standing)
+        if standing.reached:
+            target = (standing.evaluation["mean_return"], standing.env_steps)
     if "walking" in args.parts:
         outcomes.append(ppo_part("walking", "walk", args, walking_holds)[0])
     if "shac" in args.parts:
-        if standing is not None and standing.reached:
-            outcomes.append(shac_part(args, standing.evaluation["mean_return"], standing.env_steps))
+        if target is not None:
+            outcomes.append(shac_part(args, *target))
         else:
             note = "PPO standing was not reached: no target return"
             outcomes.append(Outcome("shac", False, 0.0, 0, 0, 0.0, note=note))
