@@ -30,6 +30,28 @@ about what does not:
   fails (``RuntimeError: expected scalar type Double but found Float``). The
   simulation therefore always runs in float64; ``dtype`` is the dtype of the
   tensors this backend returns (cast differentiably).
+* **No friction loss.** mujoco-torch 0.2.0 builds the constraint rows of
+  joint and tendon ``frictionloss`` but its solver treats them like equality
+  constraints: the friction force is never capped at ``frictionloss``, so a
+  joint with friction loss behaves like a very stiff damper (on MicroDuck,
+  ``qacc`` comes out wrong by ~85% of its size in the first forward pass).
+  A model with friction loss therefore raises a :class:`NotImplementedError`
+  naming the alternatives (``backend='mjx'`` or ``backend='mujoco'``), unless
+  ``frictionloss='ignore'`` asks to simulate it without friction loss, which
+  changes the physics.
+* **Box contacts sit lower than MuJoCo's.** mujoco-torch 0.2.0 places each
+  box-plane contact at the box's corner instead of midway between the
+  surfaces (MuJoCo C and MJX), so the contact torque arms differ by half the
+  penetration depth. Trajectories with resting boxes (MicroDuck's soles)
+  drift from MuJoCo's by ~1e-3 over a second; spheres and capsules match
+  MuJoCo C to rounding error.
+* **No torch.compile on torch 2.13.** ``torch.compile`` of the batched step
+  fails in Dynamo on mujoco-torch's ``UnbatchedTensor`` fields
+  (``AttributeError: 'Tensor' object has no attribute '_add_batch_dim'``;
+  compiling the unbatched step fails the same way with ``'UnbatchedTensor'
+  object has no attribute '_data'``). ``compile_step=True`` turns that into a
+  :class:`RuntimeError` naming the alternatives on the first step; the eager
+  path (the default) works.
 * ``differentiable_mode`` (smooth collisions, contacts from distance,
   adaptive integration; ``diff_config=mujoco_torch.DiffConfig(...)``) is
   applied to every substep when given; by default MuJoCo's hard contacts are
@@ -65,6 +87,12 @@ _DEFAULT_SOLVER_ITERATIONS = 4
 _DEFAULT_LS_ITERATIONS = 8
 
 
+def _unhealthy(x: torch.Tensor) -> torch.Tensor:
+    """Per env: an entry is non-finite or beyond MuJoCo's ``mjMAXVAL``."""
+    x = x.detach()
+    return ~(torch.isfinite(x) & (x.abs() <= mujoco.mjMAXVAL)).all(dim=-1)
+
+
 def _merge_rows(old, new, idx: torch.Tensor):
     """``old`` with rows ``idx`` replaced by ``new`` (out of place, differentiable)."""
 
@@ -86,10 +114,13 @@ class MujocoTorchBackend(PhysicsBackend):
         ls_iterations: line-search steps per solver iteration. Defaults to
             ``min(model.opt.ls_iterations, 8)``.
         compile_step: compile the batched ``frame_skip`` substeps with
-            ``torch.compile``. The first step then takes minutes to compile.
+            ``torch.compile`` (fails on torch 2.13, see the module docstring).
         compile_kwargs: keyword arguments for ``torch.compile``.
         diff_config: a ``mujoco_torch.DiffConfig`` whose differentiability
             features apply to every substep.
+        frictionloss: ``"error"`` (default) refuses a model with joint or
+            tendon friction loss, which mujoco-torch 0.2.0 simulates wrongly;
+            ``"ignore"`` simulates it with friction loss set to zero.
 
     See :class:`~waddle.physics.base.PhysicsBackend` for the other arguments.
     """
@@ -106,12 +137,28 @@ class MujocoTorchBackend(PhysicsBackend):
         compile_step: bool = False,
         compile_kwargs: dict | None = None,
         diff_config: mujoco_torch.DiffConfig | None = None,
+        frictionloss: str = "error",
         **kwargs,
     ) -> None:
         super().__init__(model, **kwargs)
         if not self.dtype.is_floating_point:
             raise ValueError(f"dtype must be a floating dtype, got {self.dtype}.")
+        if frictionloss not in ("error", "ignore"):
+            raise ValueError(f"frictionloss must be 'error' or 'ignore', got {frictionloss!r}.")
         sim_model = copy.deepcopy(self.model)
+        n_friction = int((sim_model.dof_frictionloss > 0).sum()) + int(
+            (sim_model.tendon_frictionloss > 0).sum()
+        )
+        if n_friction and frictionloss == "error":
+            raise NotImplementedError(
+                f"This model has friction loss on {n_friction} joint(s)/tendon(s), which "
+                "mujoco-torch 0.2.0 does not simulate correctly: its constraint solver "
+                "never caps the friction-loss force, so the joints act as stiff dampers. "
+                "Use backend='mjx' (differentiable) or backend='mujoco' (CPU) for this "
+                "model, or pass frictionloss='ignore' to simulate it without friction loss."
+            )
+        sim_model.dof_frictionloss[:] = 0.0
+        sim_model.tendon_frictionloss[:] = 0.0
         sim_model.opt.iterations = int(
             solver_iterations or min(self.model.opt.iterations, _DEFAULT_SOLVER_ITERATIONS)
         )
@@ -141,17 +188,26 @@ class MujocoTorchBackend(PhysicsBackend):
         vstep = self._vstep
 
         def substeps(d, ctrl):
+            # mujoco-torch, like MuJoCo C, quietly resets the bad entries of a
+            # non-finite or huge state at the start of the next substep; flag
+            # such envs after every substep instead of letting that go unseen.
             d = d.replace(ctrl=ctrl)
+            bad = torch.zeros(d.qpos.shape[0], dtype=torch.bool, device=d.qpos.device)
             for _ in range(frame_skip):
                 d = vstep(d)
-            return d
+                bad = bad | _unhealthy(d.qpos) | _unhealthy(d.qvel) | _unhealthy(d.qacc)
+            return d, bad
 
         self.compile_step = bool(compile_step)
+        self._compiled_ok = False
         if self.compile_step:
             substeps = torch.compile(substeps, **(compile_kwargs or {}))
         self._substeps = substeps
 
         self._data = d0.expand(self.num_envs).clone()
+        #: ``(num_envs,)`` bool: the env's state became non-finite or huge during
+        #: a step since its last reset; its qpos/qvel are then NaN.
+        self.diverged = torch.zeros(self.num_envs, dtype=torch.bool, device=self.device)
         qpos0 = torch.as_tensor(self.model.qpos0, dtype=_SIM_DTYPE, device=self.device)
         self.reset(
             qpos0.expand(self.num_envs, self.nq),
@@ -192,6 +248,7 @@ class MujocoTorchBackend(PhysicsBackend):
             idx = mask.nonzero().squeeze(-1)
         if idx.numel() == 0:
             return
+        self.diverged[idx] = False
         fresh = self._d0.expand(idx.numel()).clone()
         fresh = fresh.replace(qpos=qpos[idx], qvel=qvel[idx])
         with self._mode():
@@ -204,7 +261,31 @@ class MujocoTorchBackend(PhysicsBackend):
     def step(self, ctrl: torch.Tensor) -> None:
         ctrl = self._input(ctrl, (self.num_envs, self.nu), "ctrl")
         with self._mode():
-            self._data = self._substeps(self._data, ctrl)
+            if self.compile_step and not self._compiled_ok:
+                data, bad = self._first_compiled_step(ctrl)
+            else:
+                data, bad = self._substeps(self._data, ctrl)
+            # No host sync on the step path: mark diverged envs with NaN unconditionally.
+            nan = torch.full((), float("nan"), dtype=_SIM_DTYPE, device=self.device)
+            data = data.replace(
+                qpos=torch.where(bad[:, None], nan, data.qpos),
+                qvel=torch.where(bad[:, None], nan, data.qvel),
+            )
+            self.diverged = self.diverged | bad
+            self._data = data
+
+    def _first_compiled_step(self, ctrl):
+        try:
+            out = self._substeps(self._data, ctrl)
+        except Exception as err:  # torch.compile raises many exception types
+            raise RuntimeError(
+                f"torch.compile of mujoco-torch's batched step failed on torch "
+                f"{torch.__version__} ({type(err).__name__}: {str(err).splitlines()[0]}). "
+                "Use compile_step=False (eager mujoco-torch works), or backend='mjx' "
+                "for a compiled differentiable simulator, or backend='mujoco' on CPU."
+            ) from err
+        self._compiled_ok = True
+        return out
 
     def _out(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor if tensor.dtype == self.dtype else tensor.to(self.dtype)
