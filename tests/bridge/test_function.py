@@ -191,3 +191,32 @@ def test_memory_flat_over_many_differentiable_calls():
     growth = _rss_mb() - before
     assert growth < 50, f"RSS grew by {growth:.1f} MB over 2000 differentiable calls"
     assert f.trace_counts["forward"] == 1 and f.trace_counts["backward"] == 1
+
+
+def test_residuals_are_freed_with_the_graph():
+    """The residuals live exactly as long as torch's saved tensors."""
+    f = JaxFunction(_dynamics)
+    s = torch.randn(3, 4, requires_grad=True)
+    a = torch.randn(3, 2, requires_grad=True)
+    nxt, r = f(s, a)
+    node = r.grad_fn
+    assert node.residuals() is not None
+    r.sum().backward(retain_graph=True)
+    assert node.residuals() is not None  # retained
+    r.sum().backward()
+    gc.collect()
+    assert node.residuals() is None  # freed with the saved tensors
+    assert nxt.grad_fn is node  # while the outputs (and the node) are still alive
+
+
+def test_large_and_small_residuals():
+    """Residuals above the packing threshold are passed through unpacked."""
+    f = JaxFunction(lambda x, y: (jnp.sin(x) * jnp.cos(x) + jnp.exp(y).sum(),))
+    x = torch.randn(64, 128, requires_grad=True)  # 32 KB residuals: not packed
+    y = torch.randn(3, requires_grad=True)  # tiny residuals: packed
+    (out,) = f(x, y)
+    out.sum().backward()
+    torch.testing.assert_close(x.grad, torch.cos(2 * x.detach()), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(y.grad, torch.exp(y.detach()) * x.numel(), rtol=1e-5, atol=1e-3)
+    small, large, _ = next(iter(f._plans.values())).res_layout
+    assert small and large
