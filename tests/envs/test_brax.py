@@ -43,15 +43,21 @@ def _jax_compilation_cache():
     if path in ("", "0"):
         yield
         return
+    from jax.experimental.compilation_cache import compilation_cache
+
     old = (
         jax.config.jax_compilation_cache_dir,
         jax.config.jax_persistent_cache_min_compile_time_secs,
     )
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 2.0)
+    # JAX decides once per process whether the cache is on; make it look again
+    # (here, and after restoring the settings for the tests that follow).
+    compilation_cache.reset_cache()
     yield
     jax.config.update("jax_compilation_cache_dir", old[0])
     jax.config.update("jax_persistent_cache_min_compile_time_secs", old[1])
+    compilation_cache.reset_cache()
 
 
 @pytest.fixture(scope="module")

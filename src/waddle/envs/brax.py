@@ -29,7 +29,14 @@ Compilation happens on first use, once per batch size: ``reset`` when the env
 is built, the plain step on the first step without grad, the differentiable
 forward and backward on the first step with grad. On CPU this takes seconds
 for small tasks (``reacher``) and minutes for ``ant`` with the ``generalized``
-pipeline.
+pipeline (``compiler_options={"xla_backend_optimization_level": 0}`` roughly
+halves it, for slower steps; JAX's persistent compilation cache,
+``jax.config.update("jax_compilation_cache_dir", ...)``, makes it a one-off).
+
+On a CPU with few cores, run torch with one intra-op thread
+(``torch.set_num_threads(1)``) when a torch policy drives the env: torch's
+OpenMP pool and XLA's thread pool otherwise compete for the cores, and small
+torch ops (an MLP policy) become tens of times slower.
 
 Importing this module raises an :class:`ImportError` naming
 ``pip install 'waddle[brax]'`` when JAX or Brax is missing; both are imported
@@ -51,7 +58,7 @@ from torchrl.data.tensor_specs import Bounded, Composite, Unbounded
 from torchrl.envs import EnvBase, ParallelEnv
 from torchrl.envs.common import _EnvWrapper
 
-from waddle.bridge import JaxFunction, jax_to_torch, torch_to_jax
+from waddle.bridge import JaxFunction, jax_to_torch
 
 __all__ = ["BraxEnv", "BraxWrapper"]
 
