@@ -8,7 +8,7 @@ import torch
 jax = pytest.importorskip("jax")
 jnp = jax.numpy
 
-from waddle.bridge import enable_x64, jax_to_torch, torch_to_jax, x64_enabled  # noqa: E402
+from waddle.bridge import enable_x64, jax_device, jax_to_torch, torch_to_jax, x64_enabled  # noqa: E402
 
 DTYPES_32 = [
     torch.float32,
@@ -125,3 +125,17 @@ def test_int64_without_x64_follows_jax_canonicalisation():
     a = torch_to_jax(torch.arange(4))
     assert a.dtype == jnp.int32
     assert list(map(int, a)) == [0, 1, 2, 3]
+
+
+def test_jax_device_matches_the_torch_device_or_explains():
+    assert jax_device("cpu", "test").platform == "cpu"
+    assert jax_device(None, "test").platform == "cpu"
+    try:
+        jax.devices("gpu")
+    except RuntimeError:
+        with pytest.raises(RuntimeError, match=r"backend='mjx' on cuda.*CUDA build of JAX"):
+            jax_device(torch.device("cuda"), "backend='mjx'")
+    else:  # pragma: no cover - a GPU JAX is installed
+        assert jax_device(torch.device("cuda:0"), "test").platform == "gpu"
+    with pytest.raises(ValueError, match=r"BraxWrapper runs on 'cpu' or 'cuda' devices, not meta"):
+        jax_device(torch.device("meta"), "BraxWrapper")

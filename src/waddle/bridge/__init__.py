@@ -1,6 +1,7 @@
 """JAX <-> torch bridge: zero-copy DLPack conversion and a JAX function with torch autograd.
 
 * :func:`torch_to_jax` / :func:`jax_to_torch`: zero-copy conversion (CPU and GPU).
+* :func:`jax_device`: the JAX device sharing a torch device's memory.
 * :func:`enable_x64` / :func:`x64_enabled`: thread-local JAX 64-bit mode, needed
   for float64 tensors (waddle never flips ``jax_enable_x64`` globally).
 * :class:`JaxFunction`: call a pure JAX function on torch tensors; with grad
@@ -10,13 +11,14 @@ JAX is imported lazily: importing :mod:`waddle.bridge` works without it, and
 the first use raises an :class:`ImportError` naming ``pip install 'waddle[brax]'``.
 """
 
-from waddle.bridge.dlpack import enable_x64, jax_to_torch, torch_to_jax, x64_enabled
+from waddle.bridge.dlpack import enable_x64, jax_device, jax_to_torch, torch_to_jax, x64_enabled
 from waddle.bridge.function import JaxFunction, NonFiniteGradientWarning
 
 __all__ = [
     "JaxFunction",
     "NonFiniteGradientWarning",
     "enable_x64",
+    "jax_device",
     "jax_to_torch",
     "torch_to_jax",
     "x64_enabled",

@@ -52,6 +52,7 @@ import torch
 __all__ = [
     "enable_x64",
     "import_jax",
+    "jax_device",
     "jax_to_torch",
     "torch_to_jax",
     "x64_enabled",
@@ -101,6 +102,28 @@ def enable_x64(enabled: bool = True) -> Iterator[None]:
     jax = import_jax()
     with jax.enable_x64(bool(enabled)):
         yield
+
+
+def jax_device(device: torch.device | str | None, user: str) -> Any:
+    """The JAX device that holds the same memory as torch ``device``.
+
+    ``user`` names the caller in errors (e.g. ``"backend='mjx'"``). A CUDA
+    device needs a CUDA build of JAX; ``None`` means the CPU.
+    """
+    jax = import_jax()
+    device = torch.device("cpu" if device is None else device)
+    if device.type == "cpu":
+        return jax.devices("cpu")[0]
+    if device.type == "cuda":
+        try:
+            gpus = jax.devices("gpu")
+        except RuntimeError as err:
+            raise RuntimeError(
+                f"{user} on {device} needs a CUDA build of JAX (pip install 'jax[cuda12]'); "
+                "this JAX has no GPU device."
+            ) from err
+        return gpus[device.index or 0]
+    raise ValueError(f"{user} runs on 'cpu' or 'cuda' devices, not {device}.")
 
 
 def torch_to_jax(tensor: torch.Tensor) -> Any:

@@ -58,7 +58,7 @@ from torchrl.data.tensor_specs import Bounded, Composite, Unbounded
 from torchrl.envs import EnvBase, ParallelEnv
 from torchrl.envs.common import _EnvWrapper
 
-from waddle.bridge import JaxFunction, jax_to_torch
+from waddle.bridge import JaxFunction, jax_device, jax_to_torch
 
 __all__ = ["BraxEnv", "BraxWrapper"]
 
@@ -265,26 +265,11 @@ class BraxWrapper(_EnvWrapper, metaclass=_BraxMeta):
         self._compiler_options = dict(compiler_options) if compiler_options else None
         return env
 
-    def _jax_device(self):
-        jax = _jax()
-        device = self.device
-        if device is None or device.type == "cpu":
-            return jax.devices("cpu")[0]
-        if device.type == "cuda":
-            try:
-                gpus = jax.devices("gpu")
-            except RuntimeError as err:
-                raise RuntimeError(
-                    f"BraxWrapper on {device} needs a CUDA build of JAX; this JAX has no GPU."
-                ) from err
-            return gpus[device.index or 0]
-        raise ValueError(f"BraxWrapper runs on 'cpu' or 'cuda' devices, not {device}.")
-
     def _make_specs(self, env) -> None:
         jax = _jax()
         self._num = int(self.batch_size.numel())
         num = self._num
-        self._jdevice = self._jax_device()
+        self._jdevice = jax_device(self.device, "BraxWrapper")
         vreset = jax.vmap(env.reset)
         vstep = jax.vmap(env.step)
         self._treedef = None

@@ -69,27 +69,11 @@ except ImportError as err:  # pragma: no cover - exercised without the extra
     ) from err
 
 from waddle.bridge import JaxFunction
-from waddle.bridge.dlpack import jax_to_torch, torch_to_jax
+from waddle.bridge.dlpack import jax_device, jax_to_torch, torch_to_jax
 from waddle.physics.base import PhysicsBackend
 
 _DEFAULT_DIFF_LS_ITERATIONS = 32
 _OUTPUTS = ("qpos", "qvel", "time", "sites", "contacts")
-
-
-def _jax_device(device: torch.device):
-    """The JAX device that holds the same memory as torch ``device``."""
-    if device.type == "cpu":
-        return jax.devices("cpu")[0]
-    if device.type == "cuda":
-        try:
-            gpus = jax.devices("gpu")
-        except RuntimeError as err:
-            raise RuntimeError(
-                f"backend='mjx' on {device} needs a CUDA build of JAX "
-                "(pip install 'jax[cuda12]'); this JAX has no GPU device."
-            ) from err
-        return gpus[device.index or 0]
-    raise ValueError(f"backend='mjx' runs on 'cpu' or 'cuda' devices, not {device}.")
 
 
 def _contact_flags(contact, geom_ids: np.ndarray):
@@ -136,7 +120,7 @@ class MjxBackend(PhysicsBackend):
         if self.dtype not in (torch.float32, torch.float64):
             raise ValueError(f"backend='mjx' supports float32 and float64, not {self.dtype}.")
         self._x64 = self.dtype == torch.float64
-        self._jax_device = _jax_device(self.device)
+        self._jax_device = jax_device(self.device, "backend='mjx'")
         self._site_ids = np.asarray(self.site_ids, dtype=np.int32)
         self._geom_ids = np.asarray(self.contact_geom_ids, dtype=np.int32)
 
