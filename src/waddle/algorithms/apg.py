@@ -170,10 +170,25 @@ def env_dims(env: EnvBase) -> tuple[int, int]:
     return env.observation_spec["observation"].shape[-1], env.action_spec.shape[-1]
 
 
-def make_collector(env, actor, normalizer, config, device) -> DifferentiableCollector:
-    """The differentiable collector both trainers roll out with."""
+def build_policy_and_collector(
+    env: EnvBase, config, device: torch.device
+) -> tuple[RunningNormalizer | None, TensorDictModule, DifferentiableCollector]:
+    """The observation normaliser, actor and differentiable collector of APG and SHAC.
+
+    ``config`` is an :class:`APGConfig` or a ``SHACConfig``: both name the
+    actor's fields the same way.
+    """
+    obs_dim, action_dim = env_dims(env)
+    normalizer = RunningNormalizer(obs_dim).to(device) if config.normalize_observations else None
+    actor = build_actor(
+        obs_dim,
+        action_dim,
+        config.actor_hidden_sizes,
+        stochastic=config.stochastic_policy,
+        init_log_std=config.init_log_std,
+    ).to(device)
     bounded = getattr(env.action_spec, "low", None) is not None
-    return DifferentiableCollector(
+    collector = DifferentiableCollector(
         env,
         actor,
         device,
@@ -181,6 +196,7 @@ def make_collector(env, actor, normalizer, config, device) -> DifferentiableColl
         clip_actions_to_space=config.clip_actions and bounded,
         action_adjoint_max_norm=config.action_adjoint_max_norm,
     )
+    return normalizer, actor, collector
 
 
 def rollout_metrics(rollout: DifferentiableRollout) -> dict[str, float]:
@@ -213,21 +229,10 @@ class APG:
         self.env = env
         self.config = config
         self.device = torch.device(device)
-        obs_dim, action_dim = env_dims(env)
-        self.normalizer = (
-            RunningNormalizer(obs_dim).to(self.device) if config.normalize_observations else None
-        )
-        self.actor = build_actor(
-            obs_dim,
-            action_dim,
-            config.actor_hidden_sizes,
-            stochastic=config.stochastic_policy,
-            init_log_std=config.init_log_std,
-        ).to(self.device)
+        self.normalizer, self.actor, self.collector = build_policy_and_collector(env, config, self.device)
         self.optimizer = torch.optim.Adam(
             self.actor.parameters(), lr=config.learning_rate, betas=config.adam_betas
         )
-        self.collector = make_collector(env, self.actor, self.normalizer, config, self.device)
         self.iteration = 0
 
     def train_iteration(self) -> dict[str, float]:

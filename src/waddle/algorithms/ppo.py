@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDictBase
 from torchrl.envs import EnvBase
 from torchrl.objectives import ClipPPOLoss
 from torchrl.objectives.value import GAE

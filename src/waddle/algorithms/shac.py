@@ -27,15 +27,14 @@ from torch import nn
 from torchrl.envs import EnvBase
 
 from waddle.algorithms.apg import (
+    build_policy_and_collector,
     check_common_config,
-    build_actor,
     env_dims,
     guarded_step,
-    make_collector,
     rollout_metrics,
 )
 from waddle.algorithms.targets import horizon_returns, td_lambda_targets
-from waddle.modules import RunningNormalizer, mlp
+from waddle.modules import mlp
 
 
 @dataclass(frozen=True)
@@ -145,17 +144,8 @@ class SHAC:
         self.env = env
         self.config = config
         self.device = torch.device(device)
-        obs_dim, action_dim = env_dims(env)
-        self.normalizer = (
-            RunningNormalizer(obs_dim).to(self.device) if config.normalize_observations else None
-        )
-        self.actor = build_actor(
-            obs_dim,
-            action_dim,
-            config.actor_hidden_sizes,
-            stochastic=config.stochastic_policy,
-            init_log_std=config.init_log_std,
-        ).to(self.device)
+        self.normalizer, self.actor, self.collector = build_policy_and_collector(env, config, self.device)
+        obs_dim, _ = env_dims(env)
         self.critic = mlp(
             obs_dim, config.critic_hidden_sizes, 1, layer_norm=config.critic_layer_norm
         ).to(self.device)
@@ -166,7 +156,6 @@ class SHAC:
         self.critic_optimizer = torch.optim.Adam(
             self.critic.parameters(), lr=config.critic_lr, betas=config.adam_betas
         )
-        self.collector = make_collector(env, self.actor, self.normalizer, config, self.device)
         self.iteration = 0
 
     def _normalize(self, observation: torch.Tensor) -> torch.Tensor:

@@ -50,7 +50,6 @@ import importlib.util
 import sys
 import warnings
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase

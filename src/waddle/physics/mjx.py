@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Sequence
 
 import mujoco
 import numpy as np
