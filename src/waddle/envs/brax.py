@@ -45,7 +45,9 @@ lazily, on first use.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import io
 import importlib.util
 import sys
 import warnings
@@ -89,7 +91,10 @@ def _jax():
 
 
 def _brax_envs():
-    import brax.envs
+    # brax imports mujoco.mjx, which prints "Failed to import warp" when the
+    # optional MuJoCo Warp backend is absent; waddle never uses it.
+    with contextlib.redirect_stdout(io.StringIO()):
+        import brax.envs
 
     return brax.envs
 

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import io
 
 import mujoco
 import numpy as np
@@ -60,7 +61,11 @@ import torch
 try:
     import jax
     import jax.numpy as jnp
-    from mujoco import mjx
+
+    # mujoco.mjx prints "Failed to import warp" when the optional MuJoCo Warp
+    # backend is absent; waddle never uses it, so keep that off the user's screen.
+    with contextlib.redirect_stdout(io.StringIO()):
+        from mujoco import mjx
 except ImportError as err:  # pragma: no cover - exercised without the extra
     raise ImportError(
         f"The 'mjx' physics backend needs JAX and MuJoCo MJX ({err}). "
