@@ -77,11 +77,11 @@ def c_limit_rate(num_envs: int, steps: int, threads: int) -> float:
     return rate
 
 
-def torchrl_rate(num_envs: int, steps: int) -> float:
+def torchrl_rate(num_envs: int, steps: int, parallel: bool) -> float:
     from torchrl.envs import MicroDuckEnv as TorchRLMicroDuckEnv
 
     scene = MicroDuckEnv.resolve_scene()
-    env = TorchRLMicroDuckEnv(scene, backend="mujoco", num_envs=num_envs)
+    env = TorchRLMicroDuckEnv(scene, backend="mujoco", num_envs=num_envs, parallel=parallel)
     env.rollout(2, break_when_any_done=False)
     start = time.perf_counter()
     env.rollout(steps, break_when_any_done=False)
@@ -96,6 +96,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100, help="control steps per measurement")
     parser.add_argument("--torchrl-envs", type=int, default=256, help="batch size for TorchRL's env")
     parser.add_argument("--torchrl-steps", type=int, default=10)
+    parser.add_argument(
+        "--torchrl-parallel",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="TorchRL's native backend in a ParallelEnv, one worker process per env (default: only "
+        "when there are no more envs than cores; 256 worker processes on 2 cores drove the load "
+        "average to 238 and never finished) or in one process (SerialEnv)",
+    )
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     args = parser.parse_args()
     torch.set_num_threads(1)  # the physics threads, not torch's, do the work
@@ -113,14 +121,18 @@ def main() -> None:
         results[size] = ours
         print(f"{size:>6} {ours:>11,.0f} {bare:>13,.0f} {limit:>9,.0f} {ours / limit:>8.2f} {ours / bare:>11.2f}", flush=True)
 
+    parallel = args.torchrl_parallel
+    if parallel is None:
+        parallel = args.torchrl_envs <= len(os.sched_getaffinity(0))
     try:
-        theirs = torchrl_rate(args.torchrl_envs, args.torchrl_steps)
+        theirs = torchrl_rate(args.torchrl_envs, args.torchrl_steps, parallel)
     except Exception as err:  # report, do not hide, why the comparison is missing
         print(f"TorchRL MicroDuckEnv could not run: {type(err).__name__}: {err}")
         return
     ours = results.get(args.torchrl_envs) or waddle_rate(args.torchrl_envs, args.steps, args.threads)
     print(
-        f"TorchRL MicroDuckEnv(backend='mujoco') at {args.torchrl_envs} envs: {theirs:,.0f} steps/s; "
+        f"TorchRL MicroDuckEnv(backend='mujoco', parallel={parallel}) at {args.torchrl_envs} envs: "
+        f"{theirs:,.0f} steps/s; "
         f"waddle / TorchRL = {ours / theirs:.1f}x"
     )
 
