@@ -74,7 +74,7 @@ class MujocoEnv(EnvBase):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}.")
         device = torch.device(device)
-        backend = default_backend(device) if backend is None else backend
+        backend = default_backend(device, spec) if backend is None else backend
         if backend not in BACKENDS:
             raise ValueError(f"Unknown backend {backend!r}; choose one of {sorted(BACKENDS)}.")
         super().__init__(device=device, batch_size=torch.Size([num_envs]))

@@ -46,20 +46,32 @@ def backend_available(name: str) -> bool:
     return True
 
 
-def default_backend(device: torch.device | str) -> str:
-    """The best backend available for ``device``: native MuJoCo on a CPU.
+def has_friction_loss(spec: mujoco.MjSpec) -> bool:
+    """Whether any joint or tendon of ``spec`` has friction loss (mujoco-torch 0.2.0 cannot simulate it)."""
+    return any(joint.frictionloss > 0 for joint in spec.joints) or any(
+        tendon.frictionloss > 0 for tendon in spec.tendons
+    )
 
-    On CUDA, mujoco-torch when it imports, else MJX.
+
+def default_backend(device: torch.device | str, spec: mujoco.MjSpec | None = None) -> str:
+    """The best backend available for ``device`` (and the model ``spec``, when given).
+
+    Native MuJoCo on a CPU. On CUDA, mujoco-torch when it imports and can
+    simulate the model (no joint or tendon friction loss, which the
+    MicroDuck has), else MJX.
     """
     if torch.device(device).type == "cpu":
         return "mujoco"
-    for name in ("mujoco-torch", "mjx"):
+    candidates = ("mujoco-torch", "mjx")
+    if spec is not None and has_friction_loss(spec):
+        candidates = ("mjx",)
+    for name in candidates:
         if backend_available(name):
             return name
-    raise ImportError(
-        f"No GPU physics backend is installed for device {device!r}. "
-        "Install one with: pip install 'waddle[torch-sim]' or pip install 'waddle[mjx]'"
+    hint = "pip install 'waddle[mjx]'" if len(candidates) == 1 else (
+        "pip install 'waddle[torch-sim]' or pip install 'waddle[mjx]'"
     )
+    raise ImportError(f"No GPU physics backend for this model is installed for device {device!r}. Install one with: {hint}")
 
 
 def make_backend(name: str, model: mujoco.MjModel, **kwargs) -> PhysicsBackend:
@@ -73,5 +85,6 @@ __all__ = [
     "backend_available",
     "backend_class",
     "default_backend",
+    "has_friction_loss",
     "make_backend",
 ]
