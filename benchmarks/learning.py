@@ -62,6 +62,20 @@ class Outcome:
     note: str = ""
 
 
+HEADER = f"{'part':<10} {'reached':<8} {'minutes':>8} {'env steps':>12} {'eval min':>9}  details"
+
+
+def format_outcome(o: Outcome) -> str:
+    e = o.evaluation
+    details = (
+        f"return {e['mean_return']:.2f}, length {e['mean_episode_length']:.0f}, "
+        f"forward speed {e['mean_forward_speed']:.3f} m/s, falls {100 * e['fall_rate']:.0f}%"
+        if e else ""
+    )
+    figures = f"{o.part:<10} {str(o.reached):<8} {o.minutes:>8.1f} {o.env_steps:>12,} {o.eval_minutes:>9.1f}"
+    return f"{figures}  {details} {o.note}"
+
+
 def standing_holds(result: EvaluationResult) -> bool:
     return result.mean_episode_length >= STANDING_LENGTH
 
@@ -102,13 +116,21 @@ def train_until(
             start = time.perf_counter()
             evaluation = evaluate(eval_env, deterministic_policy(trainer))
             eval_s += time.perf_counter() - start
+            print(
+                f"  [{part}] evaluation at {env_steps:,} steps: length {evaluation.mean_episode_length:.0f}, "
+                f"forward speed {evaluation.mean_forward_speed:.3f} m/s, return {evaluation.mean_return:.2f}",
+                flush=True,
+            )
             if holds(evaluation):
                 outcome = Outcome(part, True, train_s / 60, env_steps, iteration, eval_s / 60, evaluation.as_dict())
+                print(f"  [{part}] done: {format_outcome(outcome)}", flush=True)
                 return outcome, trainer
     last = evaluation.as_dict() if evaluation is not None else {}
     note = f"not reached within {minutes_limit} min of training"
     env_steps = iteration * steps_per_iteration
-    return Outcome(part, False, train_s / 60, env_steps, iteration, eval_s / 60, last, note), trainer
+    outcome = Outcome(part, False, train_s / 60, env_steps, iteration, eval_s / 60, last, note)
+    print(f"  [{part}] done: {format_outcome(outcome)}", flush=True)
+    return outcome, trainer
 
 
 def ppo_part(part: str, task: str, args: argparse.Namespace, holds) -> tuple[Outcome, PPO]:
@@ -121,11 +143,19 @@ def ppo_part(part: str, task: str, args: argparse.Namespace, holds) -> tuple[Out
         length = metrics["charts/episode_length"]
         return math.isfinite(length) and length >= STANDING_LENGTH
 
-    limit = args.standing_minutes if part == "standing" else args.walking_minutes
-    eval_every = 10**9 if part == "standing" else args.eval_every
+    def never(metrics: dict) -> bool:
+        return False
+
+    # Walking: the training statistics say nothing about speed, and once the
+    # robot stops falling "may hold" would evaluate after every iteration
+    # (an evaluation costs about three iterations); check every eval_every.
+    if part == "standing":
+        limit, eval_every, trigger = args.standing_minutes, 10**9, may_hold
+    else:
+        limit, eval_every, trigger = args.walking_minutes, args.eval_every, never
     return train_until(
         part, trainer, eval_env, holds, steps_per_iteration=trainer.steps_per_iteration,
-        minutes_limit=limit, may_hold=may_hold, eval_every=eval_every,
+        minutes_limit=limit, may_hold=trigger, eval_every=eval_every,
     )
 
 
@@ -191,16 +221,9 @@ def main() -> None:
             outcomes.append(Outcome("shac", False, 0.0, 0, 0, 0.0, note=note))
 
     print(f"\nload average at the end: {os.getloadavg()[0]:.1f} (figures scale with how busy the cores were)")
-    print(f"{'part':<10} {'reached':<8} {'minutes':>8} {'env steps':>12} {'eval min':>9}  details")
+    print(HEADER)
     for o in outcomes:
-        e = o.evaluation
-        details = (
-            f"return {e['mean_return']:.2f}, length {e['mean_episode_length']:.0f}, "
-            f"forward speed {e['mean_forward_speed']:.3f} m/s, falls {100 * e['fall_rate']:.0f}%"
-            if e else ""
-        )
-        figures = f"{o.part:<10} {str(o.reached):<8} {o.minutes:>8.1f} {o.env_steps:>12,} {o.eval_minutes:>9.1f}"
-        print(f"{figures}  {details} {o.note}")
+        print(format_outcome(o))
     if args.json:
         with open(args.json, "w") as file:
             json.dump([asdict(o) for o in outcomes], file, indent=2)
