@@ -242,6 +242,18 @@ class MicroDuckEnv(MujocoEnv):
             f"diagnostic_{name}" for name in self.POSE_DIAGNOSTICS
         ]
 
+    def detach_state(self) -> None:
+        """Cut the autograd history of the simulator state and of what the env carries between steps.
+
+        Besides the physics state, the previous action (observed, and penalised
+        by ``action_rate``) and the foot heights (read by the swing terms) come
+        from the last step's graph; a new truncated-BPTT segment must not
+        reach back through them.
+        """
+        super().detach_state()
+        self._previous_action = self._previous_action.detach()
+        self._foot_heights = self._foot_heights.detach()
+
     # ------------------------------------------------------------------
     # Robot readings
     # ------------------------------------------------------------------
