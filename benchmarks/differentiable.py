@@ -246,7 +246,8 @@ def bench_torchrl(args) -> list[dict]:
 
 def _step_programs_only(env, horizon: int) -> Callable[[], None]:
     """``horizon`` x (differentiable forward + backward) of waddle's compiled step
-    programs, called directly on JAX arrays: no torch, no DLPack, no TensorDict.
+    programs, called directly on JAX arrays (row blocks run as waddle runs
+    them): no torch autograd, no TensorDict, no DLPack per step.
 
     The gap between this and a waddle iteration is the bridge's own cost; the
     gap between this and the fused pure-JAX program is the cost of running the
@@ -256,28 +257,34 @@ def _step_programs_only(env, horizon: int) -> Callable[[], None]:
     import jax
     import jax.numpy as jnp
 
-    from waddle.bridge import torch_to_jax
-    from waddle.bridge.function import _pack_torch
+    from waddle.bridge.function import _merge, _pack_torch, _run_blocks, _to_blocks
 
     jf = env._step_fn
-    plan = next(p for p in jf._plans.values() if p.fwd is not None)
+    plan = next(p for p in jf._plans.values() if p.bwd is not None)
     env.set_seed(0)
     td = env.reset()
-    leaves = [t.reshape(s) for t, s in zip(env._read_leaves(td["state"]), env._leaf_jax_shapes)]
-    tensors = [*leaves, env.action_spec.zero().reshape(env._num, -1)]
-    packs = [_pack_torch(tensors, g) for g in plan.in_groups]
-    float_packs = tuple(torch_to_jax(packs[i]) for i in plan.float_groups)
-    other_packs = tuple(torch_to_jax(packs[i]) for i in plan.other_groups)
-    out, _, res = plan.fwd(float_packs, other_packs)
-    cts = tuple(jnp.ones_like(o) for o in out)
+    tensors = [*env._read_leaves(td["state"]), env.action_spec.zero().reshape(env._num, -1)]
+    packs = [_pack_torch(plan, tensors, g) for g in plan.in_groups]
+    blocks = list(
+        zip(
+            _to_blocks(plan, [packs[i] for i in plan.float_groups]),
+            _to_blocks(plan, [packs[i] for i in plan.other_groups]),
+        )
+    )
+    residual_mode = jf.mode == "residuals"
+    fwd = jf._get_fwd(plan) if residual_mode else jf._get_call(plan)
+    fwd_args = blocks if residual_mode else [_merge(plan, f, o) for f, o in blocks]
+    first = _run_blocks(plan, fwd, fwd_args)
+    outs = [r[0] for r in first] if residual_mode else [[r[g] for g in plan.float_out] for r in first]
+    cts = [tuple(jnp.ones_like(o) for o in out) for out in outs]
 
     def run():
         saved = []
         for _ in range(horizon):
-            _, _, res = plan.fwd(float_packs, other_packs)
-            saved.append(res)
-        for res in reversed(saved):
-            grads = plan.bwd(res, cts)
+            results = _run_blocks(plan, fwd, fwd_args)
+            saved.append([r[2] for r in results] if residual_mode else blocks)
+        for held in reversed(saved):
+            grads = _run_blocks(plan, jf._get_bwd(plan), list(zip(held, cts)))
         jax.block_until_ready(grads)
 
     return run

@@ -165,6 +165,19 @@ def test_single_array_output_and_zero_dim():
     torch.testing.assert_close(s.grad, x.detach().sum())
 
 
+def _jax_node(tensor):
+    """The JaxFunction autograd node behind an output (outputs are views of its buffers)."""
+    stack = [tensor.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None:
+            continue
+        if type(node).__name__ == "_JaxAutogradFunctionBackward":
+            return node
+        stack.extend(fn for fn, _ in node.next_functions)
+    raise AssertionError("no JaxFunction node in the graph")
+
+
 def _rss_mb() -> float:
     with open("/proc/self/statm") as fh:
         pages = int(fh.read().split()[1])
@@ -199,14 +212,14 @@ def test_residuals_are_freed_with_the_graph():
     s = torch.randn(3, 4, requires_grad=True)
     a = torch.randn(3, 2, requires_grad=True)
     nxt, r = f(s, a)
-    node = r.grad_fn
+    node = _jax_node(r)
     assert node.residuals() is not None
     r.sum().backward(retain_graph=True)
     assert node.residuals() is not None  # retained
     r.sum().backward()
     gc.collect()
     assert node.residuals() is None  # freed with the saved tensors
-    assert nxt.grad_fn is node  # while the outputs (and the node) are still alive
+    assert _jax_node(nxt) is node  # while the outputs (and the node) are still alive
 
 
 def test_large_and_small_residuals():
@@ -220,3 +233,84 @@ def test_large_and_small_residuals():
     torch.testing.assert_close(y.grad, torch.exp(y.detach()) * x.numel(), rtol=1e-5, atol=1e-3)
     small, large, _ = next(iter(f._plans.values())).res_layout
     assert small and large
+
+
+def _split_dynamics(pos, vel, action):
+    """``_dynamics`` with the state as two arrays, and the reward last."""
+    nxt, reward = _dynamics(jnp.concatenate([pos, vel], -1), action)
+    return nxt[:, :2], nxt[:, 2:], reward
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("chunks", [None, 1, 2, 3])
+def test_batch_chunks_and_fed_back_state_match_jax_grad(mode, chunks):
+    """The state fed back through T steps, the batch run in row blocks:
+    values and gradients equal jax.grad of the unrolled loss."""
+    T, B = 6, 6
+    f = JaxFunction(_split_dynamics, mode=mode, batch_chunks=chunks)
+    g = torch.Generator().manual_seed(2)
+    p0 = torch.randn(B, 2, dtype=torch.float64, generator=g, requires_grad=True)
+    v0 = torch.randn(B, 2, dtype=torch.float64, generator=g, requires_grad=True)
+    actions = torch.randn(T, B, 2, dtype=torch.float64, generator=g, requires_grad=True)
+    with enable_x64():
+        p, v, loss = p0, v0, 0.0
+        for t in range(T):
+            p, v, r = f(p, v, actions[t])
+            loss = loss + (r * (t + 1)).sum()
+        loss = loss + (p**3).sum() + (v**2).sum()
+        loss.backward()
+
+        def jax_loss(p, v, actions):
+            total = 0.0
+            for t in range(T):
+                p, v, r = _split_dynamics(p, v, actions[t])
+                total = total + (r * (t + 1)).sum()
+            return total + (p**3).sum() + (v**2).sum()
+
+        args = [jnp.asarray(x.detach().numpy()) for x in (p0, v0, actions)]
+        ref = float(jax.jit(jax_loss)(*args))
+        grads = jax.jit(jax.grad(jax_loss, argnums=(0, 1, 2)))(*args)
+    assert loss.item() == pytest.approx(ref, rel=1e-12)
+    for tensor, expected in zip((p0, v0, actions), grads):
+        torch.testing.assert_close(tensor.grad, torch.from_numpy(jax.device_get(expected).copy()), rtol=1e-10, atol=1e-12)
+
+
+def test_fed_back_outputs_link_the_nodes_directly():
+    """Outputs passed back in as inputs, in order, are not re-concatenated:
+    the second node's floating input is the first node's output buffer
+    (joined only to the action), so backward does no per-tensor split."""
+    f = JaxFunction(lambda pos, vel, action: _split_dynamics(pos, vel, action)[:2])
+    pos = torch.randn(4, 2, requires_grad=True)
+    vel = torch.randn(4, 2, requires_grad=True)
+    p1, v1 = f(pos, vel, torch.zeros(4, 2))
+    p2, v2 = f(p1, v1, torch.zeros(4, 2))
+    first, second = _jax_node(p1), _jax_node(p2)
+    ((cat, _),) = second.next_functions  # one floating buffer
+    assert type(cat).__name__ == "CatBackward0"
+    assert [fn for fn, _ in cat.next_functions][0] is first
+    # swapped order: not the buffer's layout, so it is concatenated tensor by tensor
+    v3, p3 = f(v1, p1, torch.zeros(4, 2))
+    ((cat, _),) = _jax_node(v3).next_functions
+    assert first not in [fn for fn, _ in cat.next_functions]
+    (gp,) = torch.autograd.grad(v3.sum(), [pos])
+    with torch.no_grad():
+        ref = lambda x: f(*f(x, vel, torch.zeros(4, 2))[::-1], torch.zeros(4, 2))[0].sum()  # noqa: E731
+        eps = 1e-2
+        e = torch.zeros(4, 2)
+        e[1, 0] = eps
+        fd = (ref(pos + e) - ref(pos - e)) / (2 * eps)
+    assert float(gp[1, 0]) == pytest.approx(float(fd), rel=1e-3)
+
+
+def test_batch_chunks_bad_input():
+    with pytest.raises(ValueError, match="batch_chunks must be None or a positive integer"):
+        JaxFunction(_dynamics, batch_chunks=0)
+    f = JaxFunction(_dynamics, batch_chunks=4)
+    with pytest.raises(ValueError, match="batch_chunks=4 does not divide the batch size 6"):
+        f(torch.randn(6, 4), torch.randn(6, 2))
+    g = JaxFunction(_dynamics, batch_chunks=1)
+    with pytest.raises(ValueError, match="same leading"):
+        g(torch.randn(6, 4), torch.randn(5, 2))
+    h = JaxFunction(lambda x: (x.sum(),), batch_chunks=1)
+    with pytest.raises(ValueError, match="every output needs the batch"):
+        h(torch.randn(6, 4))

@@ -223,3 +223,48 @@ def test_policy_gradient_through_rollout(env):
     # a second backward through the freed graph raises torch's usual error
     with pytest.raises(RuntimeError, match="backward through the graph a second time"):
         td["next", "reward"].mean().backward()
+
+
+def test_batch_chunks_give_the_same_rollout_and_gradients(env):
+    """The batch run as one row block per env, each in its own thread: the
+    loss and its gradient w.r.t. the actions equal the one-block env's."""
+    chunked = BraxEnv(
+        "reacher",
+        backend=BACKEND,
+        batch_size=[BATCH],
+        requires_grad=True,
+        compiler_options=FAST_COMPILE,
+        batch_chunks=BATCH,
+    )
+    assert env._step_fn.batch_chunks == 1 and chunked._step_fn.batch_chunks == BATCH
+    g = torch.Generator().manual_seed(1)
+    actions = 0.3 * torch.randn(4, BATCH, 2, generator=g)
+    results = []
+    for e in (env, chunked):
+        e.set_seed(0)
+        td0 = e.reset()
+        a = actions.clone().requires_grad_()
+        loss = _loss(e, td0, a)
+        loss.backward()
+        results.append((loss.detach(), a.grad))
+    torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(results[1][1], results[0][1], rtol=1e-4, atol=1e-5)
+    assert results[0][1].abs().sum() > 0
+    chunked.close()
+
+
+def test_batch_chunks_choice_and_bad_input():
+    from waddle.envs.brax import _auto_batch_chunks
+
+    # one block per core, at least 8 envs per block, dividing the batch
+    assert _auto_batch_chunks(128, cores=2) == 2
+    assert _auto_batch_chunks(16, cores=2) == 2
+    assert _auto_batch_chunks(12, cores=2) == 1  # 6 envs per block would be too few
+    assert _auto_batch_chunks(24, cores=16) == 3
+    assert _auto_batch_chunks(40, cores=4) == 4
+    assert _auto_batch_chunks(42, cores=4) == 3  # 4 does not divide 42
+    assert _auto_batch_chunks(1, cores=8) == 1
+    with pytest.raises(ValueError, match="batch_chunks must be 'auto' or a positive integer"):
+        BraxEnv("reacher", backend=BACKEND, batch_size=[BATCH], batch_chunks=0)
+    with pytest.raises(ValueError, match=r"batch_chunks=2 must divide the number of envs \(3\)"):
+        BraxEnv("reacher", backend=BACKEND, batch_size=[BATCH], batch_chunks=2, compiler_options=FAST_COMPILE)

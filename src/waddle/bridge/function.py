@@ -5,8 +5,10 @@ and returns :class:`torch.Tensor` objects and takes part in torch autograd.
 
 How a call runs
 ---------------
-1. Inputs are grouped by dtype and each group is packed into one flat buffer
-   (a ``torch.cat``; a group of one tensor is passed as a flat view, no copy).
+1. Inputs are grouped by dtype and each group is packed into one 2-D buffer of
+   shape ``(rows, features)``: ``rows`` is the batch size when the function is
+   batched (``batch_chunks`` set) and 1 otherwise, and each tensor fills a
+   block of columns. A group of one tensor is passed as a view, no copy.
    Each buffer crosses to JAX through DLPack without a copy. Packing turns the
    ~40 leaves of a physics state into two or three transfers and keeps the
    jitted call's argument list short, which is where the per-call cost of
@@ -15,7 +17,26 @@ How a call runs
    device, 64-bit mode), unpacks the buffers (static slices, free inside XLA),
    calls ``fn``, and packs the outputs by dtype the same way.
 3. The output buffers cross back to torch through DLPack and are split into
-   views with the output shapes.
+   views with the output shapes, outside the autograd node.
+
+Outputs fed back as inputs skip step 1: when the tensors of a dtype group are
+exactly the views that step 3 made of one output buffer (a physics state
+passed from one step to the next), that buffer itself is passed on. The
+autograd graph then links the two calls directly, with no concatenation in
+forward and no per-tensor split in backward.
+
+Batches on several CPU cores
+----------------------------
+``batch_chunks=k`` declares that ``fn`` is batched along the leading
+dimension of every input and output (a ``jax.vmap``-ed step, say) and runs it
+on ``k`` contiguous row blocks of the buffers at once, one host thread each
+(JAX releases the GIL while XLA runs). On a CPU, XLA keeps only about 1.3
+cores busy with a vmapped Brax or MJX step whatever the batch size; ``k``
+programs from ``k`` threads keep ``k`` cores busy (measured on 2 cores, Brax
+``ant`` with 128 envs: forward+backward 204 ms per step with one block,
+110 ms with two; see ``benchmarks/differentiable.py``). The blocks' results
+are concatenated (one copy per buffer). On a GPU use ``batch_chunks=1``: one
+program already fills the device.
 
 Without grad (``torch.is_grad_enabled()`` false, or no floating input requires
 grad) step 2 is just ``jax.jit(fn)``.
@@ -46,15 +67,12 @@ strategies are available (``JaxFunction(fn, mode=...)``):
     one more forward pass of compute per step, and the forward compilation is
     shared with the no-grad path.
 
-Why ``"residuals"`` is the default (measured on a 2-core CPU, Brax, see
-``benchmarks/differentiable.py --sections modes``): forward+backward per env
-step, ``reacher`` with 16 envs: 17 ms (residuals) vs 25 ms (recompute), best
-of 12 interleaved rounds; ``ant`` with 16 envs: 0.21 s vs 0.43 s. With 128
-``ant`` envs the two are even (0.56 s each: the fused recompute program saves
-what the plain forward costs), but the residuals take 54 MB per step against
-0.7 MB of saved inputs. So ``"residuals"`` is never slower, and
-``"recompute"`` is the choice when the graph's memory is the limit (long
-horizons, large batches, GPUs).
+Which is faster depends on the function and the batch: measure with
+``benchmarks/differentiable.py --sections modes``. For Brax ``ant`` on a
+2-core CPU, ``"residuals"`` won at 16 envs in one block, and the residuals
+took 54 MB per step at 128 envs against 0.7 MB of saved inputs, so
+``"recompute"`` is also the choice when the graph's memory is the limit
+(long horizons, large batches, GPUs).
 
 Gradients reach every floating input (they are computed for all of them, so
 the compiled program does not depend on which inputs require grad); inputs of
@@ -68,22 +86,31 @@ The check costs one tiny device-to-host transfer per backward call; turn it
 off with ``check_finite=False``.
 
 The 64-bit mode in effect when forward runs (see
-:func:`waddle.bridge.enable_x64`) is also used for backward.
+:func:`waddle.bridge.enable_x64`) is also used for backward, and in the
+threads that run the row blocks.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import threading
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from waddle.bridge.dlpack import enable_x64, import_jax, jax_to_torch, torch_to_jax, x64_enabled
+from waddle.bridge.dlpack import (
+    enable_x64,
+    import_jax,
+    jax_to_torch,
+    torch_to_jax,
+    x64_enabled,
+)
 
 __all__ = ["JaxFunction", "NonFiniteGradientWarning"]
 
@@ -96,83 +123,180 @@ class NonFiniteGradientWarning(RuntimeWarning):
     """A gradient computed by JAX contains NaN or infinite entries."""
 
 
-def _is_float(dtype: torch.dtype) -> bool:
-    return dtype.is_floating_point
+def _contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for d in reversed(shape):
+        strides.append(step)
+        step *= max(int(d), 1)
+    return tuple(reversed(strides))
 
 
 @dataclass(frozen=True)
 class _Slot:
-    """Where one tensor sits in a packed buffer."""
+    """Where one tensor sits in a packed ``(rows, features)`` buffer."""
 
     index: int  # position among the function's inputs (or outputs)
-    offset: int
-    numel: int
-    shape: tuple[int, ...]
+    offset: int  # first column
+    width: int  # columns
+    rest: tuple[int, ...]  # the shape without the rows (batched) or the whole shape
+    rest_strides: tuple[int, ...]
 
 
 @dataclass(frozen=True)
 class _Group:
-    """All tensors of one dtype, packed in order into one flat buffer."""
+    """All tensors of one dtype, packed in order into one buffer."""
 
     dtype: Any  # a torch.dtype (inputs) or a numpy dtype (outputs, residuals)
     slots: tuple[_Slot, ...]
 
     @property
-    def numel(self) -> int:
-        return sum(s.numel for s in self.slots)
+    def width(self) -> int:
+        return sum(s.width for s in self.slots)
 
 
-def _group(items: Sequence[tuple[int, Any, tuple[int, ...]]]) -> tuple[_Group, ...]:
+def _group(items: Sequence[tuple[int, Any, tuple[int, ...]]], batched: bool) -> tuple[_Group, ...]:
     """Groups ``(index, dtype, shape)`` triples by dtype, keeping first-seen order."""
     by_dtype: dict[Any, list[_Slot]] = {}
     offsets: dict[Any, int] = {}
     for index, dtype, shape in items:
-        numel = 1
-        for d in shape:
-            numel *= int(d)
+        rest = tuple(int(d) for d in (shape[1:] if batched else shape))
+        width = math.prod(rest)
         off = offsets.get(dtype, 0)
-        by_dtype.setdefault(dtype, []).append(_Slot(index, off, numel, tuple(shape)))
-        offsets[dtype] = off + numel
+        by_dtype.setdefault(dtype, []).append(_Slot(index, off, width, rest, _contiguous_strides(rest)))
+        offsets[dtype] = off + width
     return tuple(_Group(dtype, tuple(slots)) for dtype, slots in by_dtype.items())
 
 
-def _unpack_jax(jnp, groups: Sequence[_Group], packs: Sequence[Any], n: int) -> list[Any]:
-    """Inside a trace: splits packed buffers back into ``n`` arrays."""
+# ------------------------------------------------------------ JAX-side packing
+def _unpack_jax(jnp, groups: Sequence[_Group], packs: Sequence[Any], n: int, batched: bool) -> list[Any]:
+    """Inside a trace: splits ``(rows, features)`` buffers back into ``n`` arrays."""
     out: list[Any] = [None] * n
     for group, pack in zip(groups, packs):
-        if len(group.slots) == 1:
-            s = group.slots[0]
-            out[s.index] = jnp.reshape(pack, s.shape)
-            continue
+        rows = pack.shape[0]
         for s in group.slots:
-            out[s.index] = jnp.reshape(pack[s.offset : s.offset + s.numel], s.shape)
+            cols = pack if len(group.slots) == 1 else pack[:, s.offset : s.offset + s.width]
+            out[s.index] = jnp.reshape(cols, (rows, *s.rest) if batched else s.rest)
     return out
 
 
-def _pack_jax(jnp, arrays: Sequence[Any]) -> tuple[tuple[_Group, ...], tuple[Any, ...]]:
-    """Inside a trace: packs arrays by dtype into flat buffers."""
-    groups = _group([(i, a.dtype, tuple(a.shape)) for i, a in enumerate(arrays)])
+def _pack_jax(jnp, arrays: Sequence[Any], rows: int, batched: bool) -> tuple[tuple[_Group, ...], tuple[Any, ...]]:
+    """Inside a trace: packs arrays by dtype into ``(rows, features)`` buffers."""
+    groups = _group([(i, a.dtype, tuple(a.shape)) for i, a in enumerate(arrays)], batched)
     packs = []
     for group in groups:
-        flat = [jnp.ravel(arrays[s.index]) for s in group.slots]
-        packs.append(flat[0] if len(flat) == 1 else jnp.concatenate(flat))
+        cols = [jnp.reshape(arrays[s.index], (rows, s.width)) for s in group.slots]
+        packs.append(cols[0] if len(cols) == 1 else jnp.concatenate(cols, axis=1))
     return groups, tuple(packs)
 
 
-def _pack_torch(tensors: Sequence[torch.Tensor], group: _Group) -> torch.Tensor:
-    if len(group.slots) == 1:
-        return tensors[group.slots[0].index].detach().reshape(-1)
-    return torch.cat([tensors[s.index].detach().reshape(-1) for s in group.slots])
+# ---------------------------------------------------------- torch-side packing
+def _torch_shape(plan: _Plan, slot: _Slot) -> tuple[int, ...]:
+    return (plan.rows, *slot.rest) if plan.batched else slot.rest
 
 
-def _unpack_torch(buffer: torch.Tensor, group: _Group, out: list) -> None:
+def _whole_buffer_run(plan: _Plan, tensors, slots: Sequence[_Slot], start: int):
+    """``(buffer, end)`` if ``slots[start:end]`` are exactly the views that
+    :func:`_unpack_torch` made of one output buffer, in order; else ``None``."""
+    first = tensors[slots[start].index]
+    buffer = first._base
+    if (
+        buffer is None
+        or buffer.dim() != 2
+        or buffer.shape[0] != plan.rows
+        or buffer.dtype != first.dtype
+        or buffer.requires_grad != first.requires_grad
+        or not buffer.is_contiguous()
+    ):
+        return None
+    total, origin = buffer.shape[1], buffer.storage_offset()
+    row_stride = (total,) if plan.batched else ()
+    covered, end = 0, start
+    while covered < total and end < len(slots):
+        slot = slots[end]
+        t = tensors[slot.index]
+        if (
+            t._base is not buffer
+            or t.storage_offset() - origin != covered
+            or t.stride() != (*row_stride, *slot.rest_strides)
+            or t.requires_grad != buffer.requires_grad
+        ):
+            return None
+        covered += slot.width
+        end += 1
+    return (buffer, end) if covered == total else None
+
+
+def _pack_torch(plan: _Plan, tensors: Sequence[torch.Tensor], group: _Group) -> torch.Tensor:
+    """The group's ``(rows, features)`` buffer, recorded by autograd if inputs require grad."""
+    parts, i, slots = [], 0, group.slots
+    while i < len(slots):
+        run = _whole_buffer_run(plan, tensors, slots, i)
+        if run is not None:
+            buffer, i = run
+            parts.append(buffer)
+            continue
+        parts.append(tensors[slots[i].index].reshape(plan.rows, -1))
+        i += 1
+    if len(parts) == 1:
+        return parts[0].contiguous()
+    return torch.cat(parts, dim=1)
+
+
+def _unpack_torch(plan: _Plan, buffer: torch.Tensor, group: _Group, out: list) -> None:
+    """Views of ``buffer`` with the group's shapes (the only kind that
+    :func:`_whole_buffer_run` recognises)."""
     if len(group.slots) == 1:
         s = group.slots[0]
-        out[s.index] = buffer.view(s.shape)
+        out[s.index] = buffer.view(_torch_shape(plan, s))
         return
-    parts = torch.split(buffer, [s.numel for s in group.slots])
+    parts = torch.split(buffer, [s.width for s in group.slots], dim=1)
     for s, part in zip(group.slots, parts):
-        out[s.index] = part.view(s.shape)
+        out[s.index] = part.view(_torch_shape(plan, s))
+
+
+# ---------------------------------------------------------------- row blocks
+_executors: dict[int, ThreadPoolExecutor] = {}
+_executors_lock = threading.Lock()
+
+
+def _executor(workers: int) -> ThreadPoolExecutor:
+    with _executors_lock:
+        pool = _executors.get(workers)
+        if pool is None:
+            pool = _executors[workers] = ThreadPoolExecutor(workers, thread_name_prefix="waddle-jax")
+        return pool
+
+
+def _to_blocks(plan: _Plan, buffers: Sequence[torch.Tensor]) -> list[tuple]:
+    """Per row block, the JAX arrays of ``buffers`` (zero-copy row slices)."""
+    if plan.chunks == 1:
+        return [tuple(torch_to_jax(b) for b in buffers)]
+    size = plan.rows // plan.chunks
+    return [tuple(torch_to_jax(b[c * size : (c + 1) * size]) for b in buffers) for c in range(plan.chunks)]
+
+
+def _run_blocks(plan: _Plan, program, args_per_block: Sequence[tuple]) -> list:
+    """Runs ``program`` on every row block, concurrently when there are several."""
+    if len(args_per_block) == 1:
+        return [program(*args_per_block[0])]
+    jax = import_jax()
+    x64 = plan.x64
+
+    def run(args):
+        with enable_x64(x64):  # the mode is thread-local: use the caller's
+            return jax.block_until_ready(program(*args))
+
+    # The calling thread runs the first block itself: one hand-off fewer.
+    others = [_executor(len(args_per_block) - 1).submit(run, args) for args in args_per_block[1:]]
+    first = jax.block_until_ready(program(*args_per_block[0]))
+    return [first, *(f.result() for f in others)]
+
+
+def _from_blocks(arrays: Sequence[Any]) -> torch.Tensor:
+    """One torch buffer from the row blocks' JAX arrays."""
+    if len(arrays) == 1:
+        return jax_to_torch(arrays[0])
+    return torch.cat([jax_to_torch(a) for a in arrays], dim=0)
 
 
 @dataclass
@@ -184,6 +308,9 @@ class _Plan:
     other_groups: tuple[int, ...]
     n_in: int
     x64: bool
+    batched: bool
+    rows: int  # the batch size, or 1 when not batched
+    chunks: int  # row blocks run concurrently
     # filled in when the jitted functions are first traced
     out_groups: tuple[_Group, ...] | None = None
     n_out: int = 0
@@ -207,6 +334,12 @@ class JaxFunction:
     Keyword Args:
         mode: ``"residuals"`` (default) or ``"recompute"``; how backward gets
             what it needs (see the module documentation).
+        batch_chunks: ``None`` (default) for any function. An integer ``k``
+            declares that every input and output of ``fn`` has the batch as
+            its leading dimension, rows independent of each other (a
+            ``jax.vmap``-ed function), and runs ``fn`` on ``k`` equal row
+            blocks concurrently, one thread each; the batch size must be a
+            multiple of ``k``. See the module documentation for when this pays.
         check_finite: warn with :class:`NonFiniteGradientWarning`, naming the
             batch rows, when a gradient coming out of JAX is not finite.
             Defaults to ``True``.
@@ -235,6 +368,7 @@ class JaxFunction:
         fn: Callable[..., Any],
         *,
         mode: str = "residuals",
+        batch_chunks: int | None = None,
         check_finite: bool = True,
         name: str | None = None,
         input_names: Sequence[str] | None = None,
@@ -242,9 +376,14 @@ class JaxFunction:
     ) -> None:
         if mode not in _MODES:
             raise ValueError(f"mode must be one of {_MODES}, got {mode!r}.")
+        if batch_chunks is not None and (
+            isinstance(batch_chunks, bool) or not isinstance(batch_chunks, int) or batch_chunks < 1
+        ):
+            raise ValueError(f"batch_chunks must be None or a positive integer, got {batch_chunks!r}.")
         import_jax()
         self.fn = fn
         self.mode = mode
+        self.batch_chunks = batch_chunks
         self.check_finite = bool(check_finite)
         self.name = name or getattr(fn, "__name__", type(fn).__name__)
         self.input_names = tuple(input_names) if input_names is not None else None
@@ -274,36 +413,59 @@ class JaxFunction:
         with self._lock:
             plan = self._plans.get(key)
             if plan is None:
-                devices = {t.device for t in tensors}
-                if len(devices) > 1:
-                    raise ValueError(
-                        f"{self!r}: all inputs must be on one device, got {sorted(map(str, devices))}."
-                    )
-                groups = _group([(i, t.dtype, tuple(t.shape)) for i, t in enumerate(tensors)])
-                plan = _Plan(
-                    in_groups=groups,
-                    float_groups=tuple(i for i, g in enumerate(groups) if _is_float(g.dtype)),
-                    other_groups=tuple(i for i, g in enumerate(groups) if not _is_float(g.dtype)),
-                    n_in=len(tensors),
-                    x64=x64,
-                )
+                plan = self._new_plan(tensors, x64)
                 self._plans[key] = plan
         return plan
 
-    def _record_outputs(self, plan: _Plan, outs: Any) -> tuple:
+    def _new_plan(self, tensors: Sequence[torch.Tensor], x64: bool) -> _Plan:
+        devices = {t.device for t in tensors}
+        if len(devices) > 1:
+            raise ValueError(f"{self!r}: all inputs must be on one device, got {sorted(map(str, devices))}.")
+        batched = self.batch_chunks is not None
+        rows, chunks = 1, 1
+        if batched:
+            leading = {t.shape[0] if t.dim() else None for t in tensors}
+            if len(leading) != 1 or None in leading:
+                raise ValueError(
+                    f"{self!r}: with batch_chunks set, every input needs the same leading (batch) "
+                    f"dimension; got shapes {[tuple(t.shape) for t in tensors]}."
+                )
+            rows, chunks = leading.pop(), self.batch_chunks
+            if rows % chunks:
+                raise ValueError(
+                    f"{self!r}: batch_chunks={chunks} does not divide the batch size {rows}; "
+                    "pass a divisor of the batch size."
+                )
+        groups = _group([(i, t.dtype, tuple(t.shape)) for i, t in enumerate(tensors)], batched)
+        return _Plan(
+            in_groups=groups,
+            float_groups=tuple(i for i, g in enumerate(groups) if g.dtype.is_floating_point),
+            other_groups=tuple(i for i, g in enumerate(groups) if not g.dtype.is_floating_point),
+            n_in=len(tensors),
+            x64=x64,
+            batched=batched,
+            rows=rows,
+            chunks=chunks,
+        )
+
+    def _record_outputs(self, plan: _Plan, outs: Any, rows: int) -> tuple:
         """Inside a trace: checks ``fn``'s outputs and packs them."""
-        jax = import_jax()
-        jnp = jax.numpy
+        jnp = import_jax().numpy
         if not isinstance(outs, (tuple, list)):
             outs = (outs,)
         outs = tuple(jnp.asarray(o) for o in outs)
-        groups, packs = _pack_jax(jnp, outs)
+        if plan.batched:
+            bad = [tuple(o.shape) for o in outs if o.ndim == 0 or o.shape[0] != rows]
+            if bad:
+                raise ValueError(
+                    f"{self!r}: with batch_chunks set, every output needs the batch ({rows} rows "
+                    f"per block) as its leading dimension; got output shapes {bad}."
+                )
+        groups, packs = _pack_jax(jnp, outs, rows, plan.batched)
         if plan.out_groups is None:
             plan.out_groups = groups
             plan.n_out = len(outs)
-            plan.float_out = tuple(
-                i for i, g in enumerate(groups) if jnp.issubdtype(g.dtype, jnp.floating)
-            )
+            plan.float_out = tuple(i for i, g in enumerate(groups) if jnp.issubdtype(g.dtype, jnp.floating))
             plan.other_out = tuple(i for i in range(len(groups)) if i not in plan.float_out)
         elif groups != plan.out_groups:
             raise RuntimeError(f"{self!r}: the outputs of fn changed between traces.")
@@ -312,12 +474,12 @@ class JaxFunction:
     def _inner(self, plan: _Plan, packs: Sequence[Any]) -> tuple:
         """Inside a trace: unpack inputs, call ``fn``, pack outputs."""
         jnp = import_jax().numpy
-        args = _unpack_jax(jnp, plan.in_groups, packs, plan.n_in)
-        return self._record_outputs(plan, self.fn(*args))
+        rows = packs[0].shape[0]
+        args = _unpack_jax(jnp, plan.in_groups, packs, plan.n_in, plan.batched)
+        return self._record_outputs(plan, self.fn(*args), rows)
 
     def _get_call(self, plan: _Plan):
         if plan.call is None:
-            jax = import_jax()
 
             def call(*packs):
                 self.trace_counts["call"] += 1
@@ -336,8 +498,7 @@ class JaxFunction:
                 self.trace_counts["forward"] += 1
 
                 def primal(*fp):
-                    packs = _merge(plan, fp, other_packs)
-                    out = self._inner(plan, packs)
+                    out = self._inner(plan, _merge(plan, fp, other_packs))
                     return (
                         tuple(out[i] for i in plan.float_out),
                         tuple(out[i] for i in plan.other_out),
@@ -350,7 +511,7 @@ class JaxFunction:
                 # are (a concatenation would copy them).
                 small = tuple(i for i, x in enumerate(leaves) if x.size * x.dtype.itemsize < _PACK_BYTES)
                 large = tuple(i for i in range(len(leaves)) if i not in set(small))
-                groups, packs = _pack_jax(jnp, [leaves[i] for i in small])
+                groups, packs = _pack_jax(jnp, [leaves[i] for i in small], 1, False)
                 plan.res_tree = tree
                 plan.res_layout = (small, large, groups)
                 return float_out, other_out, (packs, tuple(leaves[i] for i in large))
@@ -371,7 +532,7 @@ class JaxFunction:
                     packs, large_leaves = residuals
                     small, large, groups = plan.res_layout
                     leaves: list = [None] * (len(small) + len(large))
-                    for i, x in zip(small, _unpack_jax(jnp, groups, packs, len(small))):
+                    for i, x in zip(small, _unpack_jax(jnp, groups, packs, len(small), False)):
                         leaves[i] = x
                     for i, x in zip(large, large_leaves):
                         leaves[i] = x
@@ -386,8 +547,7 @@ class JaxFunction:
                     float_packs, other_packs = saved
 
                     def primal(*fp):
-                        packs = _merge(plan, fp, other_packs)
-                        out = self._inner(plan, packs)
+                        out = self._inner(plan, _merge(plan, fp, other_packs))
                         return tuple(out[i] for i in plan.float_out)
 
                     _, pullback = jax.vjp(primal, *float_packs)
@@ -401,45 +561,49 @@ class JaxFunction:
     def __call__(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         for i, t in enumerate(tensors):
             if not isinstance(t, torch.Tensor):
-                raise TypeError(
-                    f"{self!r}: argument {i} is a {type(t).__name__}, expected a torch.Tensor."
-                )
+                raise TypeError(f"{self!r}: argument {i} is a {type(t).__name__}, expected a torch.Tensor.")
         plan = self._plan(tensors)
-        if torch.is_grad_enabled() and any(
-            t.requires_grad for g in plan.float_groups for t in _group_tensors(tensors, plan.in_groups[g])
-        ):
-            if self.mode != "residuals":
-                return _JaxAutogradFunction.apply(self, plan, None, *tensors)
+        buffers = [_pack_torch(plan, tensors, g) for g in plan.in_groups]
+        if torch.is_grad_enabled() and any(buffers[i].requires_grad for i in plan.float_groups):
+            out_buffers = self._apply(plan, buffers)
+        else:
+            out_buffers = self._call_nograd(plan, buffers)
+        outs: list = [None] * plan.n_out
+        for group, buffer in zip(plan.out_groups, out_buffers):
+            _unpack_torch(plan, buffer, group, outs)
+        return tuple(outs)
+
+    def _apply(self, plan: _Plan, buffers: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The autograd node; returns the output buffers in ``plan.out_groups`` order."""
+        if self.mode == "residuals":
             slot = _ResidualSlot()
             try:
                 hooks = torch.autograd.graph.saved_tensors_hooks(slot.pack, _unpack_box)
                 hooks.__enter__()
             except RuntimeError:  # hooks disabled by the caller
-                return _JaxAutogradFunction.apply(self, plan, slot, *tensors)
-            slot.hooked = True
-            try:
-                return _JaxAutogradFunction.apply(self, plan, slot, *tensors)
-            finally:
-                hooks.__exit__(None, None, None)
-                slot.box = None
-        return self._call_nograd(plan, tensors)
+                outs = _JaxAutogradFunction.apply(self, plan, slot, *buffers)
+            else:
+                slot.hooked = True
+                try:
+                    outs = _JaxAutogradFunction.apply(self, plan, slot, *buffers)
+                finally:
+                    hooks.__exit__(None, None, None)
+                    slot.box = None
+        else:
+            outs = _JaxAutogradFunction.apply(self, plan, None, *buffers)
+        ordered: list = [None] * len(plan.out_groups)
+        for gi, t in zip((*plan.float_out, *plan.other_out), outs):
+            ordered[gi] = t
+        return ordered
 
-    def _call_nograd(self, plan: _Plan, tensors: Sequence[torch.Tensor]):
-        packs = [torch_to_jax(_pack_torch(tensors, g)) for g in plan.in_groups]
-        out_packs = self._get_call(plan)(*packs)
-        outs: list = [None] * plan.n_out
-        for group, pack in zip(plan.out_groups, out_packs):
-            _unpack_torch(jax_to_torch(pack), group, outs)
-        return tuple(outs)
+    def _call_nograd(self, plan: _Plan, buffers: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        results = _run_blocks(plan, self._get_call(plan), _to_blocks(plan, buffers))
+        return [_from_blocks([r[g] for r in results]) for g in range(len(plan.out_groups))]
 
     def _label(self, index: int) -> str:
         if self.input_names is not None and index < len(self.input_names):
             return f"{self.input_names[index]!r}"
         return f"#{index}"
-
-
-def _group_tensors(tensors, group: _Group):
-    return [tensors[s.index] for s in group.slots]
 
 
 def _merge(plan: _Plan, float_packs, other_packs) -> list:
@@ -460,7 +624,7 @@ def _nonfinite_flags(jnp, grads):
 class _ResidualBox:
     """Holds a forward's JAX residuals for as long as torch keeps its saved tensors."""
 
-    __slots__ = ("residuals", "sentinel", "__weakref__")
+    __slots__ = ("__weakref__", "residuals", "sentinel")
 
     def __init__(self, residuals, sentinel: torch.Tensor) -> None:
         self.residuals = residuals
@@ -470,7 +634,7 @@ class _ResidualBox:
 class _ResidualSlot:
     """Passes the residual box from ``forward`` to torch's saved-tensor hook.
 
-    In ``"residuals"`` mode, :meth:`JaxFunction.__call__` runs the autograd
+    In ``"residuals"`` mode, :meth:`JaxFunction._apply` runs the autograd
     function under ``saved_tensors_hooks(slot.pack, _unpack_box)``. Torch
     saves a custom function's tensors when ``apply`` returns, through the
     innermost hooks, so the packed object it keeps for the node's only saved
@@ -514,42 +678,31 @@ def _load_residuals(ctx) -> Any:
 
 
 class _JaxAutogradFunction(torch.autograd.Function):
+    """Input: the packed buffers. Output: the floating output buffers, then the others."""
+
     @staticmethod
-    def forward(ctx, jf: JaxFunction, plan: _Plan, slot: _ResidualSlot | None, *tensors):
-        packs = [_pack_torch(tensors, g) for g in plan.in_groups]
-        float_packs = tuple(torch_to_jax(packs[i]) for i in plan.float_groups)
-        other_packs = tuple(torch_to_jax(packs[i]) for i in plan.other_groups)
+    def forward(ctx, jf: JaxFunction, plan: _Plan, slot: _ResidualSlot | None, *buffers):
+        float_in = [buffers[i] for i in plan.float_groups]
+        other_in = [buffers[i] for i in plan.other_groups]
+        blocks = list(zip(_to_blocks(plan, float_in), _to_blocks(plan, other_in)))
         if jf.mode == "residuals":
-            float_out, other_out, residuals = jf._get_fwd(plan)(float_packs, other_packs)
-            _save_residuals(ctx, slot, residuals)
+            results = _run_blocks(plan, jf._get_fwd(plan), blocks)
+            _save_residuals(ctx, slot, tuple(r[2] for r in results))
+            float_out = [_from_blocks([r[0][k] for r in results]) for k in range(len(plan.float_out))]
+            other_out = [_from_blocks([r[1][k] for r in results]) for k in range(len(plan.other_out))]
         else:
-            out = jf._get_call(plan)(*_merge(plan, float_packs, other_packs))
-            float_out = tuple(out[i] for i in plan.float_out)
-            other_out = tuple(out[i] for i in plan.other_out)
-            saved = [packs[i] for i in plan.float_groups]
-            ctx.n_saved_float = len(saved)
-            saved += [packs[i] for i in plan.other_groups]
-            ctx.save_for_backward(*saved, torch.empty(0))
+            results = _run_blocks(plan, jf._get_call(plan), [_merge(plan, f, o) for f, o in blocks])
+            float_out = [_from_blocks([r[g] for r in results]) for g in plan.float_out]
+            other_out = [_from_blocks([r[g] for r in results]) for g in plan.other_out]
+            ctx.n_saved_float = len(float_in)
+            ctx.save_for_backward(*float_in, *other_in)
         ctx.jf = jf
         ctx.plan = plan
-        ctx.x64 = plan.x64
         ctx.set_materialize_grads(False)
-
-        outs: list = [None] * plan.n_out
-        float_out_t = []
-        for gi, pack in zip(plan.float_out, float_out):
-            t = jax_to_torch(pack)
-            float_out_t.append(t)
-            _unpack_torch(t, plan.out_groups[gi], outs)
-        ctx.float_out_meta = [(t.dtype, t.device) for t in float_out_t]
-        non_diff = []
-        for gi, pack in zip(plan.other_out, other_out):
-            group = plan.out_groups[gi]
-            _unpack_torch(jax_to_torch(pack), group, outs)
-            non_diff.extend(outs[s.index] for s in group.slots)
-        if non_diff:
-            ctx.mark_non_differentiable(*non_diff)
-        return tuple(outs)
+        ctx.float_out_meta = [(t.dtype, t.device) for t in float_out]
+        if other_out:
+            ctx.mark_non_differentiable(*other_out)
+        return (*float_out, *other_out)
 
     @staticmethod
     def backward(ctx, *grad_outputs):
@@ -557,45 +710,33 @@ class _JaxAutogradFunction(torch.autograd.Function):
         jf: JaxFunction = ctx.jf
         plan: _Plan = ctx.plan
         cts = []
-        for gi, (dtype, device) in zip(plan.float_out, ctx.float_out_meta):
-            group = plan.out_groups[gi]
-            grads = [grad_outputs[s.index] for s in group.slots]
-            if all(g is None for g in grads):
-                ct = torch.zeros(group.numel, dtype=dtype, device=device)
-            elif len(grads) == 1:
-                ct = grads[0].reshape(-1)
-            else:
-                ct = torch.cat(
-                    [
-                        g.reshape(-1) if g is not None else torch.zeros(s.numel, dtype=dtype, device=device)
-                        for g, s in zip(grads, group.slots)
-                    ]
-                )
-            cts.append(ct)
-        with enable_x64(ctx.x64):
-            cts_j = tuple(torch_to_jax(c) for c in cts)
+        for gi, (dtype, device), grad in zip(plan.float_out, ctx.float_out_meta, grad_outputs):
+            if grad is None:
+                grad = torch.zeros(plan.rows, plan.out_groups[gi].width, dtype=dtype, device=device)
+            cts.append(grad)
+        with enable_x64(plan.x64):
+            ct_blocks = _to_blocks(plan, cts)
             if jf.mode == "residuals":
                 held = _load_residuals(ctx)
             else:
-                held = (
-                    tuple(torch_to_jax(t) for t in saved[: ctx.n_saved_float]),
-                    tuple(torch_to_jax(t) for t in saved[ctx.n_saved_float : -1]),
-                )
-            grad_packs, flags = jf._get_bwd(plan)(held, cts_j)
-            grad_packs = [jax_to_torch(g) for g in grad_packs]
-            bad = jf.check_finite and bool(jax_to_torch(flags).any())
-
-        grads: list = [None] * plan.n_in
-        for gi, pack in zip(plan.float_groups, grad_packs):
-            _unpack_torch(pack, plan.in_groups[gi], grads)
+                n = ctx.n_saved_float
+                held = list(zip(_to_blocks(plan, saved[:n]), _to_blocks(plan, saved[n:])))
+            results = _run_blocks(plan, jf._get_bwd(plan), list(zip(held, ct_blocks)))
+            grads = [_from_blocks([r[0][k] for r in results]) for k in range(len(plan.float_groups))]
+            bad = jf.check_finite and any(bool(jax_to_torch(r[1]).any()) for r in results)
         if bad:
-            _warn_nonfinite(jf, grads)
+            _warn_nonfinite(jf, plan, grads)
         needs = ctx.needs_input_grad[3:]
-        out = [g if (g is not None and needs[i]) else None for i, g in enumerate(grads)]
+        out: list = [None] * len(plan.in_groups)
+        for gi, grad in zip(plan.float_groups, grads):
+            out[gi] = grad if needs[gi] else None
         return (None, None, None, *out)
 
 
-def _warn_nonfinite(jf: JaxFunction, grads: Sequence[torch.Tensor | None]) -> None:
+def _warn_nonfinite(jf: JaxFunction, plan: _Plan, grad_buffers: Sequence[torch.Tensor]) -> None:
+    grads: list = [None] * plan.n_in
+    for gi, buffer in zip(plan.float_groups, grad_buffers):
+        _unpack_torch(plan, buffer, plan.in_groups[gi], grads)
     parts = []
     all_rows: set[int] = set()
     for i, g in enumerate(grads):
@@ -617,5 +758,5 @@ def _warn_nonfinite(jf: JaxFunction, grads: Sequence[torch.Tensor | None]) -> No
         + "; ".join(parts)
         + (f". Non-finite batch rows: {rows_msg[:50]}{' ...' if len(rows_msg) > 50 else ''}" if rows_msg else ""),
         NonFiniteGradientWarning,
-        stacklevel=2,
+        stacklevel=3,
     )

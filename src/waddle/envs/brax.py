@@ -47,8 +47,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import io
 import importlib.util
+import io
+import os
 import sys
 import warnings
 from collections.abc import Sequence
@@ -118,6 +119,22 @@ def _available_envs() -> list[str]:
     return list(registry.keys())
 
 
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def _auto_batch_chunks(num: int, cores: int, min_rows: int = 8) -> int:
+    """The most row blocks, at most one per core and of at least ``min_rows``
+    envs each, that divide ``num`` evenly."""
+    for chunks in range(max(1, min(cores, num // min_rows)), 0, -1):
+        if num % chunks == 0:
+            return chunks
+    return 1
+
+
 class _BraxMeta(type(EnvBase)):
     """Returns a (not yet started) :class:`~torchrl.envs.ParallelEnv` when ``num_workers > 1``."""
 
@@ -172,6 +189,12 @@ class BraxWrapper(_EnvWrapper, metaclass=_BraxMeta):
         compiler_options (dict, optional): XLA options for every compiled
             program, e.g. ``{"xla_backend_optimization_level": 0}`` for faster
             compilation (and slower steps) on CPU.
+        batch_chunks (int or "auto", optional): run the batch as this many
+            equal row blocks at once, one thread each (see
+            :class:`waddle.bridge.JaxFunction`); it must divide the number of
+            envs. ``"auto"`` (default): on CPU, one block per usable core with
+            at least 8 envs per block (XLA alone keeps about 1.3 cores busy
+            with a Brax step); on a GPU, 1.
         from_pixels (bool, optional): not supported; ``True`` raises
             :class:`NotImplementedError`.
         frame_skip (int, optional): repeat each action this many times
@@ -256,6 +279,7 @@ class BraxWrapper(_EnvWrapper, metaclass=_BraxMeta):
         camera_id: int | str = 0,
         vjp_mode: str = "residuals",
         compiler_options: dict | None = None,
+        batch_chunks: int | str = "auto",
         **kwargs,
     ):
         if from_pixels:
@@ -266,6 +290,11 @@ class BraxWrapper(_EnvWrapper, metaclass=_BraxMeta):
         self.pixels_only = pixels_only
         self.requires_grad = bool(requires_grad)
         self._vjp_mode = vjp_mode
+        if batch_chunks != "auto" and (
+            isinstance(batch_chunks, bool) or not isinstance(batch_chunks, int) or batch_chunks < 1
+        ):
+            raise ValueError(f"batch_chunks must be 'auto' or a positive integer, got {batch_chunks!r}.")
+        self._batch_chunks = batch_chunks
         self._compiler_options = dict(compiler_options) if compiler_options else None
         return env
 
@@ -314,22 +343,30 @@ class BraxWrapper(_EnvWrapper, metaclass=_BraxMeta):
         # The step, as a flat function of the state leaves and the action.
         treedef = self._treedef
 
+        # The leaves come and go in their torch shapes (reward and done as
+        # (n, 1)), so that a state passed from one step to the next reaches
+        # the bridge as the very views it made (see waddle.bridge.function).
+        jax_rest = [shape[1:] for shape in self._leaf_jax_shapes]
+        torch_rest = [shape[len(batch):] for shape in self._leaf_torch_shapes]
+
         def step_fn(*args):
-            leaves, action = args[:-1], args[-1]
+            rows = args[-1].shape[0]
+            leaves = [a.reshape(rows, *rest) for a, rest in zip(args[:-1], jax_rest)]
             state = jax.tree_util.tree_unflatten(treedef, leaves)
-            nxt = vstep(state, action)
+            nxt = vstep(state, args[-1])
             out, out_tree = jax.tree_util.tree_flatten(nxt)
             if out_tree != treedef:
                 raise RuntimeError(
                     "The Brax env's step changed the structure of its state:\n"
                     f"  reset: {treedef}\n  step:  {out_tree}"
                 )
-            return tuple(out)
+            return tuple(a.reshape(rows, *rest) for a, rest in zip(out, torch_rest))
 
         names = [".".join(p) for p in self._leaf_paths] + ["action"]
         self._step_fn = JaxFunction(
             step_fn,
             mode=self._vjp_mode,
+            batch_chunks=self._resolve_batch_chunks(num),
             name=f"brax_step[{type(env).__name__}]",
             input_names=names,
             compiler_options=opts,
@@ -357,6 +394,18 @@ class BraxWrapper(_EnvWrapper, metaclass=_BraxMeta):
         )
         self.state_spec["state"] = state_spec
         self.observation_spec["state"] = state_spec.clone()
+
+    def _resolve_batch_chunks(self, num: int) -> int:
+        """How many row blocks of the batch run at once (see ``batch_chunks``)."""
+        if self._batch_chunks != "auto":
+            if num % self._batch_chunks:
+                raise ValueError(
+                    f"batch_chunks={self._batch_chunks} must divide the number of envs ({num})."
+                )
+            return self._batch_chunks
+        if self.device.type != "cpu":
+            return 1
+        return _auto_batch_chunks(num, _usable_cores())
 
     def _init_env(self) -> int | None:
         self._key = None
@@ -449,19 +498,21 @@ class BraxWrapper(_EnvWrapper, metaclass=_BraxMeta):
         return self._wrap(torch_leaves, with_reward=False)
 
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
+        num = self._num
         leaves = [
-            leaf.reshape(shape)
-            for leaf, shape in zip(self._read_leaves(tensordict.get("state")), self._leaf_jax_shapes)
+            leaf if leaf.shape[:1] == (num,) else leaf.reshape(num, *leaf.shape[len(self.batch_size) :])
+            for leaf in self._read_leaves(tensordict.get("state"))
         ]
         action = tensordict.get(self.action_key)
-        action = action.to(device=self.device, dtype=self._action_dtype).reshape(self._num, -1)
+        action = action.to(device=self.device, dtype=self._action_dtype).reshape(num, -1)
         if self.requires_grad:
             out = self._step_fn(*leaves, action)
         else:
             with torch.no_grad():
                 out = self._step_fn(*leaves, action)
-        torch_leaves = [t.reshape(shape) for t, shape in zip(out, self._leaf_torch_shapes)]
-        return self._wrap(torch_leaves, with_reward=True)
+        if self.batch_size != (num,):
+            out = [t.reshape(shape) for t, shape in zip(out, self._leaf_torch_shapes)]
+        return self._wrap(out, with_reward=True)
 
     # ------------------------------------------------------------------ misc
     def clear_cache(self) -> None:
@@ -507,6 +558,7 @@ class BraxEnv(BraxWrapper):
         "render_kwargs",
         "vjp_mode",
         "compiler_options",
+        "batch_chunks",
         "_seed",
     )
 
