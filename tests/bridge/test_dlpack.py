@@ -139,3 +139,19 @@ def test_jax_device_matches_the_torch_device_or_explains():
         assert jax_device(torch.device("cuda:0"), "test").platform == "gpu"
     with pytest.raises(ValueError, match=r"BraxWrapper runs on 'cpu' or 'cuda' devices, not meta"):
         jax_device(torch.device("meta"), "BraxWrapper")
+
+
+def test_cpu_fast_path_agrees_with_jax_from_dlpack():
+    """The direct jaxlib call used for CPU tensors is active here (jaxlib as
+    pinned) and gives what jax.dlpack.from_dlpack gives, misaligned views included."""
+    from waddle.bridge import dlpack
+
+    torch_to_jax(torch.zeros(2))
+    assert callable(dlpack._cpu_fast_path)
+    base = torch.randn(1001)
+    for t in (base, base[1:], base[3:403].view(20, 20), torch.tensor(2.5), torch.zeros(0, 4)):
+        fast = torch_to_jax(t)
+        public = jax.dlpack.from_dlpack(t)
+        assert fast.shape == public.shape and fast.dtype == public.dtype
+        assert fast.committed == public.committed and fast.sharding == public.sharding
+        assert bool((fast == public).all())
