@@ -254,17 +254,18 @@ def test_batch_chunks_give_the_same_rollout_and_gradients(env):
 
 
 def test_batch_chunks_choice_and_bad_input():
-    from waddle.envs.brax import _auto_batch_chunks
+    from waddle.bridge import auto_batch_chunks as _auto
 
     # one block per core, at least 8 envs per block, dividing the batch
-    assert _auto_batch_chunks(128, cores=2) == 2
-    assert _auto_batch_chunks(16, cores=2) == 2
-    assert _auto_batch_chunks(12, cores=2) == 1  # 6 envs per block would be too few
-    assert _auto_batch_chunks(24, cores=16) == 3
-    assert _auto_batch_chunks(40, cores=4) == 4
-    assert _auto_batch_chunks(42, cores=4) == 3  # 4 does not divide 42
-    assert _auto_batch_chunks(1, cores=8) == 1
-    with pytest.raises(ValueError, match="batch_chunks must be 'auto' or a positive integer"):
+    assert _auto(128, "cpu", cores=2) == 2
+    assert _auto(16, "cpu", cores=2) == 2
+    assert _auto(12, "cpu", cores=2) == 1  # 6 envs per block would be too few
+    assert _auto(24, "cpu", cores=16) == 3
+    assert _auto(40, "cpu", cores=4) == 4
+    assert _auto(42, "cpu", cores=4) == 3  # 4 does not divide 42
+    assert _auto(1, "cpu", cores=8) == 1
+    assert _auto(128, "cuda", cores=2) == 1  # one program fills a GPU
+    with pytest.raises(ValueError, match="BraxWrapper: batch_chunks must be 'auto' or a positive integer"):
         BraxEnv("reacher", backend=BACKEND, batch_size=[BATCH], batch_chunks=0)
     with pytest.raises(ValueError, match=r"batch_chunks=2 must divide the number of envs \(3\)"):
         BraxEnv("reacher", backend=BACKEND, batch_size=[BATCH], batch_chunks=2, compiler_options=FAST_COMPILE)

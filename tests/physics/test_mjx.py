@@ -142,8 +142,10 @@ def test_float32_matches_mujoco_c_loosely(ball_arm):
 
 
 @pytest.mark.slow
-def test_gradients_match_central_differences():
-    """Contact-free float64 model: autograd through the JAX VJP vs central differences."""
+@pytest.mark.parametrize("batch_chunks", [1, 2])
+def test_gradients_match_central_differences(batch_chunks):
+    """Contact-free float64 model: autograd through the JAX VJP vs central
+    differences, with the batch in one block and in one block per env."""
     model = mujoco.MjModel.from_xml_string(PENDULUM_XML)
     sim = MjxBackend(
         model,
@@ -152,8 +154,10 @@ def test_gradients_match_central_differences():
         site_names=["tip"],
         dtype=torch.float64,
         requires_grad=True,
+        batch_chunks=batch_chunks,
         compiler_options=FAST_COMPILE,
     )
+    assert sim._diff_step.batch_chunks == batch_chunks
     # The differentiable path solves with one Newton iteration (no while_loop).
     assert sim.sim_model.opt.iterations == 1
     assert sim.sim_model.opt.solver == mujoco.mjtSolver.mjSOL_NEWTON
@@ -214,3 +218,10 @@ def test_missing_jax_names_the_extra(monkeypatch):
     monkeypatch.delitem(sys.modules, "waddle.physics.mjx", raising=False)
     with pytest.raises(ImportError, match=r"pip install 'waddle\[mjx\]'"):
         importlib.import_module("waddle.physics.mjx")
+
+
+def test_batch_chunks_must_divide_the_envs(ball_arm):
+    with pytest.raises(ValueError, match=r"backend='mjx': batch_chunks=2 must divide the number of envs \(3\)"):
+        MjxBackend(ball_arm, num_envs=3, frame_skip=1, requires_grad=True, batch_chunks=2)
+    with pytest.raises(ValueError, match="backend='mjx': batch_chunks must be 'auto' or a positive integer"):
+        MjxBackend(ball_arm, num_envs=3, frame_skip=1, batch_chunks="all")

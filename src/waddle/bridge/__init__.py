@@ -6,20 +6,29 @@
   for float64 tensors (waddle never flips ``jax_enable_x64`` globally).
 * :class:`JaxFunction`: call a pure JAX function on torch tensors; with grad
   enabled its backward applies a VJP compiled once per input signature.
+* :func:`resolve_batch_chunks` / :func:`auto_batch_chunks`: how many row
+  blocks a batched step runs as on this device (``JaxFunction(batch_chunks=)``).
 
 JAX is imported lazily: importing :mod:`waddle.bridge` works without it, and
 the first use raises an :class:`ImportError` naming ``pip install 'waddle[brax]'``.
 """
 
 from waddle.bridge.dlpack import enable_x64, jax_device, jax_to_torch, torch_to_jax, x64_enabled
-from waddle.bridge.function import JaxFunction, NonFiniteGradientWarning
+from waddle.bridge.function import (
+    JaxFunction,
+    NonFiniteGradientWarning,
+    auto_batch_chunks,
+    resolve_batch_chunks,
+)
 
 __all__ = [
     "JaxFunction",
     "NonFiniteGradientWarning",
+    "auto_batch_chunks",
     "enable_x64",
     "jax_device",
     "jax_to_torch",
+    "resolve_batch_chunks",
     "torch_to_jax",
     "x64_enabled",
 ]

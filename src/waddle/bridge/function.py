@@ -95,6 +95,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import threading
 import warnings
 import weakref
@@ -113,7 +114,7 @@ from waddle.bridge.dlpack import (
     x64_enabled,
 )
 
-__all__ = ["JaxFunction", "NonFiniteGradientWarning"]
+__all__ = ["JaxFunction", "NonFiniteGradientWarning", "auto_batch_chunks"]
 
 _MODES = ("residuals", "recompute")
 # Residual arrays smaller than this are packed into one buffer per dtype.
@@ -256,6 +257,45 @@ def _unpack_torch(plan: _Plan, buffer: torch.Tensor, group: _Group, out: list) -
 
 
 # ---------------------------------------------------------------- row blocks
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def auto_batch_chunks(
+    batch: int, device: torch.device | str | None, *, cores: int | None = None, min_rows: int = 8
+) -> int:
+    """A ``batch_chunks`` for a batched physics step: 1 on a GPU (one program
+    fills it); on a CPU the most row blocks, at most one per usable core and
+    of at least ``min_rows`` rows each, that divide ``batch`` evenly."""
+    if torch.device("cpu" if device is None else device).type != "cpu":
+        return 1
+    cores = _usable_cores() if cores is None else int(cores)
+    for chunks in range(max(1, min(cores, batch // min_rows)), 0, -1):
+        if batch % chunks == 0:
+            return chunks
+    return 1
+
+
+def resolve_batch_chunks(batch_chunks: int | str, batch: int | None, device, user: str) -> int | str:
+    """``batch_chunks`` as given by a user (``"auto"`` or a positive divisor of
+    ``batch``), checked and resolved; ``user`` names the caller in errors.
+    With ``batch=None`` only the value is checked, and returned as is."""
+    if batch_chunks != "auto" and (
+        isinstance(batch_chunks, bool) or not isinstance(batch_chunks, int) or batch_chunks < 1
+    ):
+        raise ValueError(f"{user}: batch_chunks must be 'auto' or a positive integer, got {batch_chunks!r}.")
+    if batch is None:
+        return batch_chunks
+    if batch_chunks == "auto":
+        return auto_batch_chunks(batch, device)
+    if batch % batch_chunks:
+        raise ValueError(f"{user}: batch_chunks={batch_chunks} must divide the number of envs ({batch}).")
+    return batch_chunks
+
+
 _executors: dict[int, ThreadPoolExecutor] = {}
 _executors_lock = threading.Lock()
 

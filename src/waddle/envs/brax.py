@@ -55,7 +55,6 @@ import contextlib
 import functools
 import importlib.util
 import io
-import os
 import sys
 import warnings
 from collections.abc import Sequence
@@ -66,7 +65,7 @@ from torchrl.data.tensor_specs import Bounded, Composite, Unbounded
 from torchrl.envs import EnvBase, ParallelEnv
 from torchrl.envs.common import _EnvWrapper
 
-from waddle.bridge import JaxFunction, jax_device, jax_to_torch
+from waddle.bridge import JaxFunction, jax_device, jax_to_torch, resolve_batch_chunks
 
 __all__ = ["BraxEnv", "BraxWrapper"]
 
@@ -123,22 +122,6 @@ def _available_envs() -> list[str]:
     if registry is None:  # pragma: no cover - older/newer brax layouts
         return []
     return list(registry.keys())
-
-
-def _usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
-
-
-def _auto_batch_chunks(num: int, cores: int, min_rows: int = 8) -> int:
-    """The most row blocks, at most one per core and of at least ``min_rows``
-    envs each, that divide ``num`` evenly."""
-    for chunks in range(max(1, min(cores, num // min_rows)), 0, -1):
-        if num % chunks == 0:
-            return chunks
-    return 1
 
 
 class _BraxMeta(type(EnvBase)):
@@ -296,11 +279,7 @@ class BraxWrapper(_EnvWrapper, metaclass=_BraxMeta):
         self.pixels_only = pixels_only
         self.requires_grad = bool(requires_grad)
         self._vjp_mode = vjp_mode
-        if batch_chunks != "auto" and (
-            isinstance(batch_chunks, bool) or not isinstance(batch_chunks, int) or batch_chunks < 1
-        ):
-            raise ValueError(f"batch_chunks must be 'auto' or a positive integer, got {batch_chunks!r}.")
-        self._batch_chunks = batch_chunks
+        self._batch_chunks = resolve_batch_chunks(batch_chunks, None, None, "BraxWrapper")
         self._compiler_options = dict(compiler_options) if compiler_options else None
         return env
 
@@ -372,7 +351,7 @@ class BraxWrapper(_EnvWrapper, metaclass=_BraxMeta):
         self._step_fn = JaxFunction(
             step_fn,
             mode=self._vjp_mode,
-            batch_chunks=self._resolve_batch_chunks(num),
+            batch_chunks=resolve_batch_chunks(self._batch_chunks, num, self.device, "BraxWrapper"),
             name=f"brax_step[{type(env).__name__}]",
             input_names=names,
             compiler_options=opts,
@@ -400,18 +379,6 @@ class BraxWrapper(_EnvWrapper, metaclass=_BraxMeta):
         )
         self.state_spec["state"] = state_spec
         self.observation_spec["state"] = state_spec.clone()
-
-    def _resolve_batch_chunks(self, num: int) -> int:
-        """How many row blocks of the batch run at once (see ``batch_chunks``)."""
-        if self._batch_chunks != "auto":
-            if num % self._batch_chunks:
-                raise ValueError(
-                    f"batch_chunks={self._batch_chunks} must divide the number of envs ({num})."
-                )
-            return self._batch_chunks
-        if self.device.type != "cpu":
-            return 1
-        return _auto_batch_chunks(num, _usable_cores())
 
     def _init_env(self) -> int | None:
         self._key = None
