@@ -61,6 +61,13 @@ def parse_args(argv=None):
     p.add_argument("--frame-skip", type=int, default=10)
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     p.add_argument("--no-backward", action="store_true", help="skip forward+backward")
+    p.add_argument(
+        "--batch-chunks",
+        nargs="+",
+        default=["auto"],
+        help="MJX forward+backward: row blocks run at once, one thread each ('auto': one per CPU "
+        "core, 1 on a GPU); several values are timed one after the other in this run",
+    )
     return p.parse_args(argv)
 
 
@@ -69,8 +76,10 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def build(name, args, requires_grad=False):
+def build(name, args, requires_grad=False, batch_chunks="auto"):
     kwargs = {}
+    if name == "mjx":
+        kwargs["batch_chunks"] = batch_chunks
     if name == "mujoco-torch":
         kwargs["frictionloss"] = "ignore"
     if name == "mjx" and torch.device(args.device).type == "cpu":
@@ -140,11 +149,11 @@ def bench_forward(name, args):
     }
 
 
-def bench_backward(name, args):
+def bench_backward(name, args, batch_chunks="auto"):
     device = torch.device(args.device)
     gen = torch.Generator().manual_seed(0)
     t0 = time.perf_counter()
-    sim = build(name, args, requires_grad=True)
+    sim = build(name, args, requires_grad=True, batch_chunks=batch_chunks)
     qpos, qvel, ctrl = stand_state(sim, gen)
     build_s = time.perf_counter() - t0
 
@@ -195,12 +204,20 @@ def main(argv=None) -> int:
     )
     rows = []
     for name in names:
-        modes = ["forward"]
+        modes = [("forward", None)]
         if name in DIFFERENTIABLE and not args.no_backward:
-            modes.append("forward+backward")
-        for mode in modes:
+            chunk_values = args.batch_chunks if name == "mjx" else ["auto"]
+            modes += [("forward+backward", c) for c in chunk_values]
+        for mode, chunks in modes:
+            if chunks not in (None, "auto"):
+                chunks = int(chunks)
+            if name == "mjx" and chunks is not None and len(args.batch_chunks) > 1:
+                mode = f"fwd+bwd chunks={chunks}"
             try:
-                res = (bench_forward if mode == "forward" else bench_backward)(name, args)
+                if mode == "forward":
+                    res = bench_forward(name, args)
+                else:
+                    res = bench_backward(name, args, batch_chunks=chunks)
             except Exception as err:  # report and go on with the next backend
                 print(f"{name:13s} {mode:17s} FAILED: {type(err).__name__}: {err}", flush=True)
                 traceback.print_exc(limit=3, file=sys.stderr)
