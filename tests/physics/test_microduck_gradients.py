@@ -22,6 +22,7 @@ pytest.importorskip("mujoco.mjx", reason="needs the mjx extra: pip install 'wadd
 
 from waddle.envs.microduck.constants import EMBEDDED_SCENE, FOOT_SITES, IMU_SITE, STAND_KEYFRAME  # noqa: E402
 from waddle.physics import make_backend  # noqa: E402
+from helpers.gradients import central_difference  # noqa: E402
 
 FRAME_SKIP, STEPS, NUM_ENVS = 10, 3, 2
 
@@ -73,18 +74,11 @@ def test_microduck_mjx_gradients_match_central_differences():
             mujoco.mj_step(model, data)
             assert data.ncon == 0
 
-    eps = 1e-5
-    for point, grad, shape in (("ctrl", controls_var.grad, controls.shape), ("qvel", qvel_var.grad, qvel0.shape)):
-        direction = torch.randn(shape, generator=gen, dtype=torch.float64)
+    for index, grad, point in ((0, controls_var.grad, "ctrl"), (1, qvel_var.grad, "qvel")):
+        direction = torch.randn(grad.shape, generator=gen, dtype=torch.float64)
         # evaluated with grad recording on, so the compiled differentiable
         # forward is reused instead of compiling the no-grad program too
-        if point == "ctrl":
-            plus = loss((controls + eps * direction).requires_grad_(), qvel0)
-            minus = loss((controls - eps * direction).requires_grad_(), qvel0)
-        else:
-            plus = loss(controls, (qvel0 + eps * direction).requires_grad_())
-            minus = loss(controls, (qvel0 - eps * direction).requires_grad_())
-        finite_difference = ((plus - minus) / (2 * eps)).item()
+        finite_difference = central_difference(loss, (controls, qvel0), index, direction, record_grad=True)
         autograd = (grad * direction).sum().item()
         assert abs(autograd) > 1e-3, point  # a derivative worth comparing
         assert autograd == pytest.approx(finite_difference, rel=1e-5, abs=1e-8), point

@@ -22,6 +22,7 @@ pytest.importorskip("mujoco.mjx", reason="needs the mjx extra: pip install 'wadd
 
 from waddle.physics.mjx import MjxBackend  # noqa: E402
 from helpers.ball_arm import BALL_ARM_XML, GEOMS, NUM_ENVS, PENDULUM_XML, SITES, ball_arm_start, c_rollout  # noqa: E402
+from helpers.gradients import central_difference  # noqa: E402
 
 FAST_COMPILE = {"xla_llvm_disable_expensive_passes": True}
 
@@ -190,20 +191,10 @@ def test_gradients_match_central_differences(batch_chunks):
     np.testing.assert_allclose(sim.qpos.detach().numpy(), np.stack([d.qpos for d in datas]), atol=1e-12)
     np.testing.assert_allclose(sim.time.numpy(), [d.time for d in datas], atol=1e-12)
 
-    eps = 1e-5
-    for grad, direction, point in (
-        (controls_var.grad, torch.randn(controls.shape, generator=gen, dtype=torch.float64), "ctrl"),
-        (qvel_var.grad, torch.randn(qvel0.shape, generator=gen, dtype=torch.float64), "qvel"),
-    ):
-        # Evaluated with grad recording on, so the already compiled forward
-        # program is reused instead of compiling the no-grad one.
-        if point == "ctrl":
-            plus = loss((controls + eps * direction).requires_grad_(), qvel0)
-            minus = loss((controls - eps * direction).requires_grad_(), qvel0)
-        else:
-            plus = loss(controls, (qvel0 + eps * direction).requires_grad_())
-            minus = loss(controls, (qvel0 - eps * direction).requires_grad_())
-        fd = ((plus - minus) / (2 * eps)).item()
+    for index, grad, point in ((0, controls_var.grad, "ctrl"), (1, qvel_var.grad, "qvel")):
+        direction = torch.randn(grad.shape, generator=gen, dtype=torch.float64)
+        # with grad recording on, so the compiled differentiable forward is reused
+        fd = central_difference(loss, (controls, qvel0), index, direction, record_grad=True)
         ad = (grad * direction).sum().item()
         assert abs(ad) > 1e-3
         # Observed agreement ~1e-10; central differences are good to ~eps^2.
