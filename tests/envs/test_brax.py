@@ -60,15 +60,21 @@ def _jax_compilation_cache():
     compilation_cache.reset_cache()
 
 
-@pytest.fixture(scope="module")
-def env():
-    env = BraxEnv(
+def _reacher(**kwargs) -> BraxEnv:
+    """The differentiable ``reacher`` of these tests, with the quick compile options."""
+    return BraxEnv(
         "reacher",
         backend=BACKEND,
         batch_size=[BATCH],
         requires_grad=True,
         compiler_options=FAST_COMPILE,
+        **kwargs,
     )
+
+
+@pytest.fixture(scope="module")
+def env():
+    env = _reacher()
     yield env
     env.close()
 
@@ -228,14 +234,7 @@ def test_policy_gradient_through_rollout(env):
 def test_batch_chunks_give_the_same_rollout_and_gradients(env):
     """The batch run as one row block per env, each in its own thread: the
     loss and its gradient w.r.t. the actions equal the one-block env's."""
-    chunked = BraxEnv(
-        "reacher",
-        backend=BACKEND,
-        batch_size=[BATCH],
-        requires_grad=True,
-        compiler_options=FAST_COMPILE,
-        batch_chunks=BATCH,
-    )
+    chunked = _reacher(batch_chunks=BATCH)
     assert env._step_fn.batch_chunks == 1 and chunked._step_fn.batch_chunks == BATCH
     g = torch.Generator().manual_seed(1)
     actions = 0.3 * torch.randn(4, BATCH, 2, generator=g)
@@ -268,4 +267,4 @@ def test_batch_chunks_choice_and_bad_input():
     with pytest.raises(ValueError, match="BraxWrapper: batch_chunks must be 'auto' or a positive integer"):
         BraxEnv("reacher", backend=BACKEND, batch_size=[BATCH], batch_chunks=0)
     with pytest.raises(ValueError, match=r"batch_chunks=2 must divide the number of envs \(3\)"):
-        BraxEnv("reacher", backend=BACKEND, batch_size=[BATCH], batch_chunks=2, compiler_options=FAST_COMPILE)
+        _reacher(batch_chunks=2)

@@ -52,6 +52,8 @@ from waddle.envs.microduck.constants import (
 )
 from waddle.physics import backend_available, make_backend
 
+from helpers.mujoco_c import c_rollout
+
 NUM_ENVS, FRAME_SKIP, STEPS = 2, 10, 20
 SITES = (*FOOT_SITES, IMU_SITE)
 GEOMS = FOOT_GEOMS
@@ -73,31 +75,6 @@ def start_and_actions(model: mujoco.MjModel):
     qvel = 0.05 * gen.standard_normal((NUM_ENVS, model.nv))
     actions = key.ctrl + 0.2 * gen.standard_normal((STEPS, NUM_ENVS, model.nu))
     return qpos, qvel, actions
-
-
-def c_rollout(model, qpos, qvel, actions):
-    """MuJoCo C, one ``MjData`` per env: per control step qpos, sites, contacts."""
-    site_ids = [model.site(n).id for n in SITES]
-    geom_ids = [model.geom(n).id for n in GEOMS]
-    datas = []
-    for q, v in zip(qpos, qvel):
-        d = mujoco.MjData(model)
-        d.qpos[:], d.qvel[:] = q, v
-        datas.append(d)
-    out = {"qpos": [], "sites": [], "contacts": []}
-    for ctrl in actions:
-        for d, u in zip(datas, ctrl):
-            d.ctrl[:] = u
-            for _ in range(FRAME_SKIP):
-                mujoco.mj_step(model, d)
-        out["qpos"].append(np.stack([d.qpos.copy() for d in datas]))
-        out["sites"].append(np.stack([d.site_xpos[site_ids].copy() for d in datas]))
-        out["contacts"].append(
-            np.array(
-                [[bool((d.contact.geom[: d.ncon] == g).any()) for g in geom_ids] for d in datas]
-            )
-        )
-    return {k: np.stack(v) for k, v in out.items()}
 
 
 def backend_rollout(name, spec, qpos, qvel, actions, **kwargs):
@@ -138,7 +115,7 @@ def duck():
     spec = duck_spec()
     model = spec.compile()
     qpos, qvel, actions = start_and_actions(model)
-    ref = c_rollout(model, qpos, qvel, actions)
+    ref = c_rollout(model, qpos, qvel, actions, FRAME_SKIP, SITES, GEOMS)
     # The rollout exercises contacts: both feet touch at some point, and the
     # robot moves well beyond every tolerance below.
     assert ref["contacts"].any(axis=(0, 1)).all()
@@ -179,7 +156,7 @@ def test_mujoco_torch_matches_mujoco_c_without_friction_loss():
     spec = duck_spec(frictionloss=False)
     model = spec.compile()
     qpos, qvel, actions = start_and_actions(model)
-    ref = c_rollout(model, qpos, qvel, actions)
+    ref = c_rollout(model, qpos, qvel, actions, FRAME_SKIP, SITES, GEOMS)
     got = backend_rollout("mujoco-torch", duck_spec(frictionloss=False), qpos, qvel, actions)
     assert_close_trajectory(got, ref, first_step=5e-4, overall=5e-3, sites=1e-3, contact_agreement=0.95)
 
