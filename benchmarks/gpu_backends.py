@@ -64,6 +64,7 @@ def parse_args(argv=None):
     p.add_argument(
         "--batch-chunks",
         nargs="+",
+        type=lambda v: v if v == "auto" else int(v),
         default=["auto"],
         help="MJX forward+backward: row blocks run at once, one thread each ('auto': one per CPU "
         "core, 1 on a GPU); several values are timed one after the other in this run",
@@ -207,14 +208,11 @@ def main(argv=None) -> int:
         modes = [("forward", None)]
         if name in DIFFERENTIABLE and not args.no_backward:
             chunk_values = args.batch_chunks if name == "mjx" else ["auto"]
-            modes += [("forward+backward", c) for c in chunk_values]
+            several = len(chunk_values) > 1
+            modes += [(f"fwd+bwd chunks={c}" if several else "forward+backward", c) for c in chunk_values]
         for mode, chunks in modes:
-            if chunks not in (None, "auto"):
-                chunks = int(chunks)
-            if name == "mjx" and chunks is not None and len(args.batch_chunks) > 1:
-                mode = f"fwd+bwd chunks={chunks}"
             try:
-                if mode == "forward":
+                if chunks is None:
                     res = bench_forward(name, args)
                 else:
                     res = bench_backward(name, args, batch_chunks=chunks)

@@ -114,7 +114,7 @@ from waddle.bridge.dlpack import (
     x64_enabled,
 )
 
-__all__ = ["JaxFunction", "NonFiniteGradientWarning", "auto_batch_chunks"]
+__all__ = ["JaxFunction", "NonFiniteGradientWarning", "auto_batch_chunks", "resolve_batch_chunks"]
 
 _MODES = ("residuals", "recompute")
 # Residual arrays smaller than this are packed into one buffer per dtype.
@@ -264,6 +264,10 @@ def _usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def _is_block_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
 def auto_batch_chunks(
     batch: int, device: torch.device | str | None, *, cores: int | None = None, min_rows: int = 8
 ) -> int:
@@ -283,9 +287,7 @@ def resolve_batch_chunks(batch_chunks: int | str, batch: int | None, device, use
     """``batch_chunks`` as given by a user (``"auto"`` or a positive divisor of
     ``batch``), checked and resolved; ``user`` names the caller in errors.
     With ``batch=None`` only the value is checked, and returned as is."""
-    if batch_chunks != "auto" and (
-        isinstance(batch_chunks, bool) or not isinstance(batch_chunks, int) or batch_chunks < 1
-    ):
+    if batch_chunks != "auto" and not _is_block_count(batch_chunks):
         raise ValueError(f"{user}: batch_chunks must be 'auto' or a positive integer, got {batch_chunks!r}.")
     if batch is None:
         return batch_chunks
@@ -417,9 +419,7 @@ class JaxFunction:
     ) -> None:
         if mode not in _MODES:
             raise ValueError(f"mode must be one of {_MODES}, got {mode!r}.")
-        if batch_chunks is not None and (
-            isinstance(batch_chunks, bool) or not isinstance(batch_chunks, int) or batch_chunks < 1
-        ):
+        if batch_chunks is not None and not _is_block_count(batch_chunks):
             raise ValueError(f"batch_chunks must be None or a positive integer, got {batch_chunks!r}.")
         import_jax()
         self.fn = fn

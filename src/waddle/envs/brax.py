@@ -471,11 +471,10 @@ class BraxWrapper(_EnvWrapper, metaclass=_BraxMeta):
         return self._wrap(torch_leaves, with_reward=False)
 
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
-        num = self._num
-        leaves = [
-            leaf if leaf.shape[:1] == (num,) else leaf.reshape(num, *leaf.shape[len(self.batch_size) :])
-            for leaf in self._read_leaves(tensordict.get("state"))
-        ]
+        num, flat_batch = self._num, self.batch_size == (self._num,)
+        leaves = self._read_leaves(tensordict.get("state"))
+        if not flat_batch:
+            leaves = [leaf.reshape(num, *leaf.shape[len(self.batch_size) :]) for leaf in leaves]
         action = tensordict.get(self.action_key)
         action = action.to(device=self.device, dtype=self._action_dtype).reshape(num, -1)
         if self.requires_grad:
@@ -483,7 +482,7 @@ class BraxWrapper(_EnvWrapper, metaclass=_BraxMeta):
         else:
             with torch.no_grad():
                 out = self._step_fn(*leaves, action)
-        if self.batch_size != (num,):
+        if not flat_batch:
             out = [t.reshape(shape) for t, shape in zip(out, self._leaf_torch_shapes)]
         return self._wrap(out, with_reward=True)
 
