@@ -10,22 +10,21 @@ A checkpoint is one ``torch.save`` file holding a plain dictionary::
 checkpoints load with ``torch.load(weights_only=True)``: opening one never
 runs pickled code.
 
-A save writes a temporary file next to the target, flushes it to disk and
-renames it over the target (``os.replace`` is atomic on POSIX and Windows), so
-a crash or Ctrl-C mid-write leaves the previous checkpoint whole. A load turns
+A save goes through :func:`waddle.files.atomic_write`, so a crash or Ctrl-C
+mid-write leaves the previous checkpoint whole. A load turns
 every way a file can be unusable (missing, truncated, not a checkpoint, from
 another version) into one :class:`CheckpointError` with a one-line message.
 """
 
 from __future__ import annotations
 
-import os
-import tempfile
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from waddle.files import atomic_write
 
 FORMAT = "waddle-checkpoint"
 """The marker every waddle checkpoint carries under ``"format"``."""
@@ -36,45 +35,6 @@ REQUIRED_KEYS = ("algo", "config", "env_steps", "iteration", "trainer")
 
 class CheckpointError(Exception):
     """A checkpoint cannot be read, or does not fit the run it should continue."""
-
-
-def atomic_write(path: str | Path, write: Callable[[Any], None], *, mode: str = "wb") -> None:
-    """Write ``path`` through a temporary file in its directory, fsync, then rename it in place.
-
-    ``write`` receives the open temporary file. When it raises (or the process
-    dies), ``path`` keeps its previous content and the temporary file is removed
-    (or, after a hard kill, left as a hidden ``.<name>.*.tmp`` file).
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, mode) as file:
-            write(file)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    _fsync_directory(path.parent)
-
-
-def _fsync_directory(directory: Path) -> None:
-    """Make a rename durable (a no-op where directories cannot be opened, as on Windows)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def save_checkpoint(

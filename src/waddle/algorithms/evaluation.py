@@ -22,6 +22,7 @@ from torchrl.modules import ProbabilisticActor
 from waddle.algorithms.checkpoint import CheckpointError
 from waddle.algorithms.presets import make_config, make_trainer
 from waddle.modules.normalizer import RunningNormalizer
+from waddle.video import write_video
 
 
 class NormalizedMeanPolicy(nn.Module):
@@ -206,16 +207,3 @@ def film(env: EnvBase, policy: nn.Module, path: str | Path, *, frames: int = 250
             action = policy(td["observation"].to(device)).to(env.device)
             _, td = env.step_and_maybe_reset(td.set("action", action))
     write_video(path, images, fps=round(1.0 / getattr(env, "control_dt", 0.02)))
-
-
-def write_video(path: str | Path, frames: list, *, fps: int) -> None:
-    """Write ``frames`` (``H x W x 3`` uint8 arrays) to an mp4 file with imageio's ffmpeg."""
-    try:
-        import imageio.v2 as imageio
-    except ImportError as err:  # pragma: no cover - the train extra installs it
-        raise RuntimeError("writing a video needs imageio and imageio-ffmpeg: pip install 'waddle[train]'") from err
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with imageio.get_writer(path, fps=fps, codec="libx264", macro_block_size=1, quality=7) as writer:
-        for frame in frames:
-            writer.append_data(frame)

@@ -6,6 +6,7 @@ import argparse
 import importlib.metadata
 import platform
 
+from waddle import gl_backend
 from waddle.physics import BACKENDS, backend_available
 
 _PACKAGES = ("waddle", "torch", "torchrl", "tensordict", "mujoco", "mujoco-mjx", "jax", "brax", "mujoco-torch")
@@ -29,6 +30,7 @@ def run(args: argparse.Namespace) -> int:
             version = "not installed"
         print(f"  {name:<13} {version}")
     print(f"cuda available: {torch.cuda.is_available()}")
+    print(f"rendering: {gl_backend.configure().describe()}")
     print("backends:")
     for name in BACKENDS:
         print(f"  {name:<13} {'available' if backend_available(name) else 'missing (see README for its extra)'}")

@@ -5,13 +5,10 @@ one scratch :class:`mujoco.MjData`, forwarded, and drawn by one
 :class:`mujoco.Renderer`. It therefore works the same for every physics
 backend (native MuJoCo, MJX, mujoco-torch) and never touches their state.
 
-MuJoCo needs an OpenGL backend, chosen by the ``MUJOCO_GL`` environment
-variable: ``osmesa`` (software, Debian package ``libosmesa6``) on a CPU
-machine, ``egl`` (``libegl1``) on a GPU machine. When ``MUJOCO_GL`` is unset,
-:func:`select_gl_backend` picks ``egl`` if a CUDA device is present and
-``osmesa`` otherwise. MuJoCo reads the variable when it is first imported, so
-set it before importing mujoco to be safe; :class:`BatchRenderer` also copes
-when mujoco was imported first.
+MuJoCo needs an OpenGL backend. ``import waddle`` chooses one that works
+before MuJoCo is imported (see :mod:`waddle.gl_backend`): the one ``MUJOCO_GL``
+names, else EGL, OSMesa or GLFW. When none works, the renderer raises an error
+that lists what was tried and what to install.
 """
 
 from __future__ import annotations
@@ -20,37 +17,16 @@ import contextlib
 import copy
 import importlib
 import inspect
-import os
-import sys
 from collections.abc import Iterator
 
 import mujoco
 import numpy as np
 import torch
 
-GL_ENV_VAR = "MUJOCO_GL"
+from waddle import gl_backend
+
 # MUJOCO_GL value -> module holding MuJoCo's GLContext for it (Linux).
 _GL_MODULES = {"egl": "mujoco.egl", "osmesa": "mujoco.osmesa", "glfw": "mujoco.glfw"}
-_INSTALL_HINT = (
-    "Rendering needs an OpenGL backend. On a CPU machine install OSMesa "
-    "(apt-get install libosmesa6) and set MUJOCO_GL=osmesa; on a GPU machine "
-    "install EGL (apt-get install libegl1) and set MUJOCO_GL=egl. Set MUJOCO_GL "
-    "before mujoco is imported."
-)
-
-
-def select_gl_backend() -> str:
-    """Return MuJoCo's GL backend name, choosing one and setting ``MUJOCO_GL`` if unset.
-
-    On Linux an unset ``MUJOCO_GL`` becomes ``egl`` when CUDA is available and
-    ``osmesa`` otherwise. Elsewhere it is left to MuJoCo (``""``).
-    """
-    backend = os.environ.get(GL_ENV_VAR, "").strip().lower()
-    if backend or not sys.platform.startswith("linux"):
-        return backend
-    backend = "egl" if torch.cuda.is_available() else "osmesa"
-    os.environ[GL_ENV_VAR] = backend
-    return backend
 
 
 class BatchRenderer:
@@ -81,15 +57,18 @@ class BatchRenderer:
             model.vis.global_.offwidth = max(self.width, glob.offwidth)
             model.vis.global_.offheight = max(self.height, glob.offheight)
         self.model = model
-        self.backend = select_gl_backend()
+        selection = gl_backend.configure()
+        if selection.backend is None:
+            raise RuntimeError(f"Cannot render: {selection.describe()}")
+        self.backend = selection.backend
         self._data = mujoco.MjData(model)
         try:
             with _gl_context_for(self.backend):
                 self._renderer = mujoco.Renderer(model, height=self.height, width=self.width)
         except Exception as err:
             raise RuntimeError(
-                f"Could not create a MuJoCo renderer with {GL_ENV_VAR}={self.backend!r} "
-                f"({type(err).__name__}: {err}). {_INSTALL_HINT}"
+                f"Could not create a MuJoCo renderer: {selection.describe()}, which failed with "
+                f"{type(err).__name__}: {err}. {gl_backend.INSTALL_HINT}"
             ) from err
 
     @property
@@ -155,9 +134,10 @@ class BatchRenderer:
 def _gl_context_for(backend: str) -> Iterator[None]:
     """Make :class:`mujoco.Renderer` use ``backend``'s GL context while it is built.
 
-    MuJoCo picks its GL context class when it is imported; if ``MUJOCO_GL`` was
-    unset then, it picked GLFW, which needs a display. This swaps in the
-    context class of ``backend`` for the duration of one construction.
+    MuJoCo picks its GL context class when it is imported; if that happened
+    before ``import waddle`` with ``MUJOCO_GL`` unset, it picked GLFW, which
+    needs a display. This swaps in the context class of ``backend`` for the
+    duration of one construction.
     """
     gl_context = getattr(inspect.getmodule(mujoco.Renderer), "gl_context", None)
     wanted = _GL_MODULES.get(backend)
