@@ -24,7 +24,6 @@ def make_runner(out, *, total_iterations, checkpoint_every=2, trainer=None):
         algo="ppo",
         config={"run": {"task": "point"}, "algorithm": {"num_steps": 4}},
         total_steps=total_iterations * STEPS,
-        steps_per_iteration=STEPS,
         checkpoint_every=checkpoint_every,
         plot_every_s=3600.0,  # the final redraw is enough
         progress=False,
@@ -36,6 +35,7 @@ class Interrupting:
 
     def __init__(self, trainer, stop_at, error=KeyboardInterrupt):
         self.trainer, self.stop_at, self.error, self.calls = trainer, stop_at, error, 0
+        self.steps_per_iteration = trainer.steps_per_iteration
 
     def train_iteration(self):
         self.calls += 1
@@ -115,6 +115,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
 def test_nan_in_reported_losses_stops_without_saving(tmp_path):
     class NaNTrainer:
         saved = False
+        steps_per_iteration = STEPS
 
         def train_iteration(self):
             return {"losses/actor_loss": math.nan, "charts/reward_mean": 0.0}

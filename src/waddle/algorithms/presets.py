@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from waddle.algorithms.trainer import Trainer
 from waddle.envs.microduck import MicroDuckEnv, MicroDuckTask
 from waddle.physics import BACKENDS as PHYSICS_BACKENDS
 
@@ -128,7 +129,7 @@ def make_config(algo: str, overrides: Mapping[str, Any] | None = None) -> Any:
     return config_class(**overrides)
 
 
-def make_trainer(algo: str, env: MicroDuckEnv, config: Any, device: torch.device | str = "cpu") -> Any:
+def make_trainer(algo: str, env: MicroDuckEnv, config: Any, device: torch.device | str = "cpu") -> Trainer:
     """``Trainer(env, config, device)`` for ``algo``."""
     _choice("algorithm", algo, ALGORITHMS)
     trainer_class, _ = ALGORITHMS[algo].classes()

@@ -1,7 +1,8 @@
 """The training loop around any trainer: iterate, check, log, plot, checkpoint.
 
-A trainer (PPO, SHAC, APG) knows one thing: ``train_iteration() -> dict`` of
-scalars, plus ``state_dict()``/``load_state_dict()``. :class:`Runner` drives it
+A trainer (PPO, SHAC, APG; see :class:`~waddle.algorithms.trainer.Trainer`)
+knows one thing: ``train_iteration() -> dict`` of scalars, plus its state and
+``steps_per_iteration``. :class:`Runner` drives it
 to a step budget and owns everything around it, in an output directory:
 
 * ``checkpoint.pt``: trainer state, config, step count, written atomically
@@ -31,6 +32,7 @@ from typing import Any
 import torch
 
 from waddle.algorithms.checkpoint import atomic_write, save_checkpoint
+from waddle.algorithms.trainer import Trainer
 
 CHECKPOINT_FILE = "checkpoint.pt"
 METRICS_FILE = "metrics.csv"
@@ -175,33 +177,31 @@ class Runner:
     """Drive ``trainer`` to ``total_steps`` env steps, writing its outputs under ``out_dir``.
 
     Args:
-        trainer: has ``train_iteration() -> dict``, ``state_dict()`` and ``load_state_dict()``.
+        trainer: a :class:`~waddle.algorithms.trainer.Trainer`; each
+            ``train_iteration`` counts ``trainer.steps_per_iteration`` env steps.
         out_dir: output directory (created).
         algo: the algorithm's name, stored in the checkpoint.
         config: the full run configuration (JSON-like), stored in the
             checkpoint and ``config.json``.
         total_steps: env-step budget, counted across resumes.
-        steps_per_iteration: env steps one ``train_iteration`` takes.
         checkpoint_every: iterations between checkpoints.
         plot_every_s: minimum seconds between curve redraws.
         progress: show a tqdm progress bar (on stderr).
 
     Example:
-        >>> runner = Runner(trainer, "runs/x", algo="ppo", config=config, total_steps=100_000,
-        ...                 steps_per_iteration=8192)  # doctest: +SKIP
+        >>> runner = Runner(trainer, "runs/x", algo="ppo", config=config, total_steps=100_000)  # doctest: +SKIP
         >>> runner.run().status  # doctest: +SKIP
         'finished'
     """
 
     def __init__(
         self,
-        trainer: Any,
+        trainer: Trainer,
         out_dir: str | Path,
         *,
         algo: str,
         config: Mapping[str, Any],
         total_steps: int,
-        steps_per_iteration: int,
         checkpoint_every: int = 10,
         plot_every_s: float = 20.0,
         progress: bool = True,
@@ -211,7 +211,7 @@ class Runner:
         self.algo = algo
         self.config = dict(config)
         self.total_steps = int(total_steps)
-        self.steps_per_iteration = int(steps_per_iteration)
+        self.steps_per_iteration = int(trainer.steps_per_iteration)
         self.checkpoint_every = int(checkpoint_every)
         self.plot_every_s = float(plot_every_s)
         self.progress = progress

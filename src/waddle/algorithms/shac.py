@@ -26,11 +26,12 @@ import torch
 from torch import nn
 from torchrl.envs import EnvBase
 
-from waddle.algorithms.apg import (
+from waddle.algorithms.analytic import (
     build_policy_and_collector,
     check_common_config,
     env_dims,
     guarded_step,
+    mean_policy,
     rollout_metrics,
 )
 from waddle.algorithms.targets import horizon_returns, td_lambda_targets
@@ -136,6 +137,9 @@ class SHAC:
         env: a differentiable TorchRL env (see :class:`DifferentiableCollector`).
         config: hyperparameters.
         device: device of the networks.
+
+    Attributes:
+        steps_per_iteration: env steps per iteration, ``horizon * num_envs``.
     """
 
     def __init__(
@@ -144,6 +148,7 @@ class SHAC:
         self.env = env
         self.config = config
         self.device = torch.device(device)
+        self.steps_per_iteration = config.horizon * env.batch_size[0]
         self.normalizer, self.actor, self.collector = build_policy_and_collector(env, config, self.device)
         obs_dim, _ = env_dims(env)
         self.critic = mlp(
@@ -226,6 +231,10 @@ class SHAC:
             "perf/actor_update_s": actor_time,
             "perf/critic_update_s": critic_time,
         }
+
+    def deterministic_policy(self) -> nn.Module:
+        """The actor's mean action, clamped to the action bounds, behind the normaliser."""
+        return mean_policy(self.actor, self.normalizer, self.env)
 
     def state_dict(self) -> dict:
         return {

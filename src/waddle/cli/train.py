@@ -25,6 +25,7 @@ from typing import Any
 from waddle.algorithms.checkpoint import CheckpointError, check_compatible, load_checkpoint
 from waddle.algorithms.presets import ALGORITHMS, BACKENDS, TASKS, make_config, make_env, make_trainer
 from waddle.algorithms.runner import CHECKPOINT_FILE, CONFIG_FILE, CURVE_FILE, METRICS_FILE, Runner, TrainConfig
+from waddle.algorithms.trainer import Trainer
 
 DEFAULT_OUT = "runs/train"
 VIDEO_FILE = "video.mp4"
@@ -239,14 +240,12 @@ def run(args: argparse.Namespace) -> int:
         return _error(str(err).splitlines()[0])
     algo_config = make_config(run_config.algo, config["algorithm"])
     trainer = make_trainer(run_config.algo, env, algo_config, args.device)
-    steps_per_iteration = getattr(trainer, "steps_per_iteration", None) or run_config.num_envs * algo_config.horizon
     runner = Runner(
         trainer,
         out,
         algo=run_config.algo,
         config=config,
         total_steps=run_config.total_steps,
-        steps_per_iteration=steps_per_iteration,
         checkpoint_every=run_config.checkpoint_every,
         plot_every_s=run_config.plot_every_s,
         progress=args.progress,
@@ -282,12 +281,12 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _film(trainer: Any, run_config: TrainConfig, path: Path, device: str) -> None:
+def _film(trainer: Trainer, run_config: TrainConfig, path: Path, device: str) -> None:
     """Film the deterministic policy in one env for ``video_frames`` control steps."""
-    from waddle.algorithms.evaluation import deterministic_policy, film
+    from waddle.algorithms.evaluation import film
 
     env = make_env(run_config.task, num_envs=1, seed=run_config.seed + 1, backend=run_config.backend, device=device)
     try:
-        film(env, deterministic_policy(trainer), path, frames=run_config.video_frames)
+        film(env, trainer.deterministic_policy(), path, frames=run_config.video_frames)
     finally:
         env.close()
