@@ -18,7 +18,7 @@ from waddle.algorithms.ppo import (
     gaussian_kl,
 )
 
-TINY = dict(actor_hidden=(16,), critic_hidden=(16,))
+TINY = dict(actor_hidden_sizes=(16,), critic_hidden_sizes=(16,))
 
 
 def constant_networks(trainer: PPO, *, value: float) -> None:
@@ -111,7 +111,7 @@ def test_gae_bootstraps_truncation_but_not_termination(terminated_last, expected
 
 
 def test_clipped_loss_on_hand_worked_batch():
-    config = PPOConfig(init_std=1.0, clip_epsilon=0.2, entropy_coef=0.01, value_coef=0.5, **TINY)
+    config = PPOConfig(init_log_std=0.0, clip_epsilon=0.2, entropy_coef=0.01, value_coef=0.5, **TINY)
     trainer = PPO(DiffPointEnv(2, action_bound=1.0), config)
     constant_networks(trainer, value=1.0)
     # Two samples, action 0 under N(0, 1): log p = -0.5 log(2 pi). The behaviour
@@ -160,8 +160,8 @@ def test_rollout_shapes_and_counters():
 
 def test_ppo_improves_point_mass():
     torch.manual_seed(0)
-    config = PPOConfig(num_steps=25, num_epochs=5, num_minibatches=4, learning_rate=3e-3, actor_hidden=(32, 32),
-                       critic_hidden=(32, 32))
+    config = PPOConfig(num_steps=25, num_epochs=5, num_minibatches=4, learning_rate=3e-3, actor_hidden_sizes=(32, 32),
+                       critic_hidden_sizes=(32, 32))
     trainer = PPO(point_env(32), config)
     returns = [trainer.train_iteration()["charts/episode_return"] for _ in range(12)]
     assert math.isfinite(returns[0])
@@ -222,6 +222,7 @@ def test_deterministic_policy_is_the_clamped_mean():
         ("lr_schedule", "cosine", "lr_schedule must be one of"),
         ("gamma", 1.5, "gamma must be in"),
         ("clip_epsilon", 0.0, "clip_epsilon must be > 0"),
+        ("init_log_std", 2.0, r"init_log_std must be in \[-5.0, 1.0\]"),
     ],
 )
 def test_config_validation(field, value, message):

@@ -12,7 +12,7 @@ from waddle.algorithms.checkpoint import load_checkpoint
 from waddle.algorithms.ppo import PPO, PPOConfig
 from waddle.algorithms.runner import Runner, non_finite_losses, read_metrics, state_is_finite
 
-CONFIG = PPOConfig(num_steps=4, num_epochs=1, num_minibatches=2, actor_hidden=(8,), critic_hidden=(8,))
+CONFIG = PPOConfig(num_steps=4, num_epochs=1, num_minibatches=2, actor_hidden_sizes=(8,), critic_hidden_sizes=(8,))
 STEPS = 4 * 8  # num_steps x num_envs
 
 

@@ -17,7 +17,7 @@ def point_env():
 
 
 def test_ppo_policy_is_its_clamped_mean():
-    trainer = PPO(point_env(), PPOConfig(num_steps=3, actor_hidden=(8,), critic_hidden=(8,)))
+    trainer = PPO(point_env(), PPOConfig(num_steps=3, actor_hidden_sizes=(8,), critic_hidden_sizes=(8,)))
     trainer.train_iteration()
     observation = torch.randn(6, 2)
     with torch.no_grad():
@@ -38,7 +38,7 @@ def test_apg_policy_is_its_normalised_mean(stochastic):
 
 
 def test_shac_policy_is_its_normalised_mean():
-    config = SHACConfig(horizon=3, actor_hidden_sizes=(8,), critic_hidden_sizes=(8,), critic_iterations=1)
+    config = SHACConfig(horizon=3, actor_hidden_sizes=(8,), critic_hidden_sizes=(8,), num_epochs=1)
     trainer = SHAC(point_env(), config)
     trainer.train_iteration()
     observation = torch.randn(6, 2)
@@ -50,7 +50,7 @@ def test_shac_policy_is_its_normalised_mean():
 @pytest.mark.parametrize(
     ("make", "steps"),
     [
-        (lambda env: PPO(env, PPOConfig(num_steps=3, actor_hidden=(8,), critic_hidden=(8,))), 3 * 4),
+        (lambda env: PPO(env, PPOConfig(num_steps=3, actor_hidden_sizes=(8,), critic_hidden_sizes=(8,))), 3 * 4),
         (lambda env: APG(env, APGConfig(horizon=5, actor_hidden_sizes=(8,))), 5 * 4),
         (lambda env: SHAC(env, SHACConfig(horizon=2, actor_hidden_sizes=(8,), critic_hidden_sizes=(8,))), 2 * 4),
     ],

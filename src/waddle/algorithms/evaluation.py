@@ -19,7 +19,7 @@ from torch import nn
 from torchrl.envs import EnvBase
 
 from waddle.algorithms.checkpoint import CheckpointError
-from waddle.algorithms.presets import make_config, make_trainer
+from waddle.algorithms.presets import make_config, make_trainer, upgrade_config_fields
 
 
 def policy_from_checkpoint(
@@ -35,7 +35,7 @@ def policy_from_checkpoint(
     """
     algo = checkpoint["algo"]
     try:
-        config = make_config(algo, checkpoint["config"]["algorithm"])
+        config = make_config(algo, upgrade_config_fields(algo, checkpoint["config"]["algorithm"]))
         trainer = make_trainer(algo, env, config, device)
         trainer.load_state_dict(checkpoint["trainer"])
     except (KeyError, TypeError, ValueError, RuntimeError) as err:

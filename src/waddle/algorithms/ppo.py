@@ -69,12 +69,12 @@ class PPOConfig:
     """Weight of the value (critic) loss."""
     max_grad_norm: float = 1.0
     """Gradients are rescaled to at most this global norm."""
-    actor_hidden: tuple[int, ...] = (128, 128)
+    actor_hidden_sizes: tuple[int, ...] = (128, 128)
     """Hidden layer widths of the policy network."""
-    critic_hidden: tuple[int, ...] = (256, 128)
+    critic_hidden_sizes: tuple[int, ...] = (256, 128)
     """Hidden layer widths of the value network."""
-    init_std: float = 1.0
-    """Initial standard deviation of the Gaussian policy (actions live in [-1, 1]; the env clips samples)."""
+    init_log_std: float = 0.0
+    """Initial log standard deviation of the Gaussian policy (0: std 1; actions live in [-1, 1], the env clips samples)."""
     normalize_observations: bool = True
     """Normalise observations by running mean and variance (frozen at identity when False)."""
 
@@ -85,14 +85,17 @@ class PPOConfig:
                 raise ValueError(f"PPOConfig.{name} must be an integer >= 1, got {value!r}.")
         if self.lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"PPOConfig.lr_schedule must be one of {LR_SCHEDULES}, got {self.lr_schedule!r}.")
-        for name in ("learning_rate", "desired_kl", "clip_epsilon", "max_grad_norm", "init_std"):
+        for name in ("learning_rate", "desired_kl", "clip_epsilon", "max_grad_norm"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"PPOConfig.{name} must be > 0, got {getattr(self, name)!r}.")
         for name in ("gamma", "gae_lambda"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"PPOConfig.{name} must be in [0, 1], got {getattr(self, name)!r}.")
-        object.__setattr__(self, "actor_hidden", tuple(int(w) for w in self.actor_hidden))
-        object.__setattr__(self, "critic_hidden", tuple(int(w) for w in self.critic_hidden))
+        low, high = LOG_STD_BOUNDS
+        if not low <= self.init_log_std <= high:
+            raise ValueError(f"PPOConfig.init_log_std must be in [{low}, {high}], got {self.init_log_std!r}.")
+        object.__setattr__(self, "actor_hidden_sizes", tuple(int(w) for w in self.actor_hidden_sizes))
+        object.__setattr__(self, "critic_hidden_sizes", tuple(int(w) for w in self.critic_hidden_sizes))
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -199,8 +202,10 @@ class PPO:
 
         # Networks: one normaliser shared by the actor and the critic.
         self.normalizer = RunningNormalizer(observation_dim).to(self.device)
-        self.policy = GaussianPolicy(self.normalizer, action_dim, config.actor_hidden, init_std=config.init_std)
-        self.value = ValueNetwork(self.normalizer, config.critic_hidden)
+        self.policy = GaussianPolicy(
+            self.normalizer, action_dim, config.actor_hidden_sizes, init_std=math.exp(config.init_log_std)
+        )
+        self.value = ValueNetwork(self.normalizer, config.critic_hidden_sizes)
         self.policy.to(self.device)
         self.value.to(self.device)
         self.actor = make_actor(self.policy)

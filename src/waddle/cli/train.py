@@ -23,7 +23,15 @@ from pathlib import Path
 from typing import Any
 
 from waddle.algorithms.checkpoint import CheckpointError, check_compatible, load_checkpoint
-from waddle.algorithms.presets import ALGORITHMS, BACKENDS, TASKS, make_config, make_env, make_trainer
+from waddle.algorithms.presets import (
+    ALGORITHMS,
+    BACKENDS,
+    TASKS,
+    make_config,
+    make_env,
+    make_trainer,
+    upgrade_config_fields,
+)
 from waddle.algorithms.runner import CHECKPOINT_FILE, CONFIG_FILE, CURVE_FILE, METRICS_FILE, Runner, TrainConfig
 from waddle.algorithms.trainer import Trainer
 
@@ -177,6 +185,7 @@ def resolve_config(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, 
         saved = checkpoint["config"]
         if not isinstance(saved, dict) or not {"run", "algorithm"} <= set(saved):
             raise CheckpointError(f"checkpoint {out / CHECKPOINT_FILE} has no run/algorithm config.")
+        saved["algorithm"] = upgrade_config_fields(saved["run"].get("algo", "ppo"), saved["algorithm"])
         run = TrainConfig(**{**saved["run"], **run_flags})
         base = saved["algorithm"] if run.algo == saved["run"].get("algo") else {}
     else:
