@@ -199,6 +199,15 @@ def test_bad_names_are_argparse_errors(argv, choices, capsys):
     assert "invalid choice" in err and choices.replace(", ", "', '") in err
 
 
+def test_a_logger_without_its_package_is_one_line_naming_the_install(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # as if wandb were not installed
+    out = tmp_path / "x"
+    assert main(["train", "--out", str(out), "--logger", "wandb", "--total-steps", "256", "--no-progress"]) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "--logger wandb needs the wandb package" in lines[0] and "pip install wandb" in lines[0]
+    assert not out.exists()  # refused before anything was built or written
+
+
 def test_algorithm_flag_of_another_algorithm_is_refused(tmp_path, capsys):
     assert main(["train", "--out", str(tmp_path / "x"), "--horizon", "8"]) == 1
     assert "--horizon do(es) not apply to --algo ppo" in capsys.readouterr().err

@@ -12,6 +12,9 @@ to a step budget and owns everything around it, in an output directory:
 * ``curve.png``: episode return and length against env steps, redrawn as it goes;
 * ``config.json``: the run's configuration.
 
+An optional TorchRL logger (:mod:`waddle.algorithms.loggers`) receives every
+column of every ``metrics.csv`` row as a scalar at step ``env_steps``.
+
 Stopping is always safe. A non-finite loss stops the run before anything of
 that iteration is saved; Ctrl-C stops it wherever it is; in both cases
 ``checkpoint.pt`` holds the last complete, finite state.
@@ -31,7 +34,10 @@ from typing import Any
 
 import torch
 
+from torchrl.record.loggers import Logger
+
 from waddle.algorithms.checkpoint import atomic_write, save_checkpoint
+from waddle.algorithms.loggers import LOGGERS
 from waddle.algorithms.trainer import Trainer
 
 CHECKPOINT_FILE = "checkpoint.pt"
@@ -74,6 +80,8 @@ class TrainConfig:
     """Frames of the trained policy filmed to video.mp4 at the end (0: no video)."""
     torch_threads: int = 1
     """Threads of torch's own ops (0: torch's default); the physics has its own pool, so 1 is fastest on a small CPU."""
+    logger: str = "none"
+    """Also write the metrics through a TorchRL logger: 'csv', 'tensorboard' or 'wandb' (under the output directory)."""
 
     def __post_init__(self) -> None:
         for name in ("num_envs", "total_steps", "checkpoint_every"):
@@ -83,6 +91,8 @@ class TrainConfig:
         for name in ("video_frames", "torch_threads"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}.")
+        if self.logger not in LOGGERS:
+            raise ValueError(f"logger must be one of {', '.join(LOGGERS)}; got {self.logger!r}.")
 
 
 @dataclass
@@ -187,6 +197,8 @@ class Runner:
         checkpoint_every: iterations between checkpoints.
         plot_every_s: minimum seconds between curve redraws.
         progress: show a tqdm progress bar (on stderr).
+        logger: a TorchRL logger that also gets each row's scalars, at step
+            ``env_steps`` (the caller closes it).
 
     Example:
         >>> runner = Runner(trainer, "runs/x", algo="ppo", config=config, total_steps=100_000)  # doctest: +SKIP
@@ -205,6 +217,7 @@ class Runner:
         checkpoint_every: int = 10,
         plot_every_s: float = 20.0,
         progress: bool = True,
+        logger: Logger | None = None,
     ) -> None:
         self.trainer = trainer
         self.out_dir = Path(out_dir)
@@ -215,6 +228,7 @@ class Runner:
         self.checkpoint_every = int(checkpoint_every)
         self.plot_every_s = float(plot_every_s)
         self.progress = progress
+        self.logger = logger
         self.iteration = 0
         self.env_steps = 0
         self.wall_time_s = 0.0
@@ -302,6 +316,11 @@ class Runner:
                 writer.writeheader()
             writer.writerow(row)
         self.history.append(row)
+        if self.logger is not None:
+            step = int(row["env_steps"])
+            for key, value in row.items():
+                if key not in ("iteration", "env_steps"):
+                    self.logger.log_scalar(key, value, step=step)
 
     # ------------------------------------------------------------------
     # The loop

@@ -14,6 +14,7 @@ import ast
 import dataclasses
 import inspect
 import math
+import shutil
 import sys
 import textwrap
 import time
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from waddle.algorithms.checkpoint import CheckpointError, check_compatible, load_checkpoint
+from waddle.algorithms.loggers import LOGGERS, make_logger, require_package
 from waddle.algorithms.presets import (
     ALGORITHMS,
     BACKENDS,
@@ -43,9 +45,10 @@ RESUMABLE_FIELDS = (
     "run.plot_every_s",
     "run.video_frames",
     "run.torch_threads",
+    "run.logger",
 )
 """Config fields ``--resume`` lets a run change; any other difference is refused."""
-CHOICES = {"task": tuple(TASKS), "algo": tuple(ALGORITHMS), "backend": BACKENDS}
+CHOICES = {"task": tuple(TASKS), "algo": tuple(ALGORITHMS), "backend": BACKENDS, "logger": LOGGERS}
 
 
 # ---------------------------------------------------------------------------
@@ -223,6 +226,10 @@ def run(args: argparse.Namespace) -> int:
         return _error(str(err).splitlines()[0])
     run_config = TrainConfig(**config["run"])
     out = Path(args.out)
+    try:
+        require_package(run_config.logger)  # before anything is built or written
+    except ImportError as err:
+        return _error(str(err))
     start_iteration = 0 if checkpoint is None else int(checkpoint["iteration"])
     if checkpoint is not None and checkpoint["env_steps"] >= run_config.total_steps:
         steps = checkpoint["env_steps"]
@@ -231,6 +238,7 @@ def run(args: argparse.Namespace) -> int:
     if checkpoint is None:  # a fresh run: leftovers of a run stopped before its first checkpoint go
         for name in (METRICS_FILE, CURVE_FILE):
             (out / name).unlink(missing_ok=True)
+        shutil.rmtree(out / "csv" / "scalars", ignore_errors=True)  # the csv logger appends
 
     if run_config.torch_threads > 0:
         torch.set_num_threads(run_config.torch_threads)
@@ -249,6 +257,7 @@ def run(args: argparse.Namespace) -> int:
         return _error(str(err).splitlines()[0])
     algo_config = make_config(run_config.algo, config["algorithm"])
     trainer = make_trainer(run_config.algo, env, algo_config, args.device)
+    logger = make_logger(run_config.logger, out, config=config)
     runner = Runner(
         trainer,
         out,
@@ -258,16 +267,21 @@ def run(args: argparse.Namespace) -> int:
         checkpoint_every=run_config.checkpoint_every,
         plot_every_s=run_config.plot_every_s,
         progress=args.progress,
+        logger=logger,
     )
-    if checkpoint is not None:
-        try:
-            runner.restore(checkpoint)
-        except (RuntimeError, KeyError, ValueError) as err:
-            return _error(f"checkpoint {out / CHECKPOINT_FILE} does not fit its config: {str(err).splitlines()[0]}")
-
     started = time.perf_counter()
-    result = runner.run()
-    env.close()
+    try:
+        if checkpoint is not None:
+            try:
+                runner.restore(checkpoint)
+            except (RuntimeError, KeyError, ValueError) as err:
+                reason = str(err).splitlines()[0]
+                return _error(f"checkpoint {out / CHECKPOINT_FILE} does not fit its config: {reason}")
+        result = runner.run()
+    finally:
+        env.close()
+        if logger is not None:
+            logger.close()
     if result.status == "interrupted":
         print(f"waddle train: {result.message}", file=sys.stderr)
         return 130
@@ -275,6 +289,8 @@ def run(args: argparse.Namespace) -> int:
         return _error(result.message)
 
     written = [CHECKPOINT_FILE, METRICS_FILE, CURVE_FILE, CONFIG_FILE]
+    if logger is not None:
+        written.append(f"{run_config.logger}/")
     if run_config.video_frames > 0:
         try:
             _film(trainer, run_config, out / VIDEO_FILE, args.device)
