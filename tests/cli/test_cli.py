@@ -72,6 +72,19 @@ def test_train_writes_every_output(trained, capsys):
     config = json.loads((trained / "config.json").read_text())
     assert config["run"]["task"] == "standing" and config["algorithm"]["actor_hidden_sizes"] == [32, 32]
     assert (trained / "curve.png").read_bytes()[:4] == b"\x89PNG"
+    height = int.from_bytes((trained / "curve.png").read_bytes()[20:24], "big")
+    assert height == 900  # return, length and reward-term panels, 300 px each
+
+
+def test_metrics_hold_every_reward_term_summing_to_the_mean_reward(trained):
+    from waddle.envs.microduck import MicroDuckEnv
+
+    rows = read_rows(trained / "metrics.csv")
+    terms = [column for column in rows[0] if column.startswith("reward/")]
+    assert sorted(terms) == sorted(f"reward/{name}" for name in MicroDuckEnv.REWARD_TERMS)
+    for row in rows:
+        total = sum(float(row[column]) for column in terms)
+        assert total == pytest.approx(float(row["charts/reward_mean"]), rel=1e-5, abs=1e-6)
     assert (trained / "video.mp4").stat().st_size > 1000
 
 

@@ -17,8 +17,13 @@ The normaliser is updated *after* the epochs so that, within an iteration,
 the policy that scored the old log-probabilities and the one being optimised
 see the same statistics (the importance ratio starts at exactly 1).
 
-The maths PPO needs beyond TorchRL is in two pure functions the tests import:
-:func:`gaussian_kl`, :func:`adapt_learning_rate` and :func:`finished_episodes`.
+The maths PPO needs beyond TorchRL is in pure functions the tests import:
+:func:`gaussian_kl`, :func:`adapt_learning_rate`, :func:`finished_episodes`
+and :func:`reward_term_means`.
+
+When the env reports its weighted reward terms (``MicroDuckEnv(diagnostics=True)``
+writes ``diagnostic_reward_<term>``, summing to the reward), each iteration also
+logs their mean per env step as ``reward/<term>``.
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ from waddle.modules.networks import LOG_STD_BOUNDS, GaussianPolicy, PolicyMean, 
 from waddle.modules.normalizer import RunningNormalizer
 
 LR_SCHEDULES = ("constant", "adaptive")
+REWARD_TERM_PREFIX = "diagnostic_reward_"
+"""Entries of an env step's output holding one weighted reward term each (``MicroDuckEnv(diagnostics=True)``)."""
 
 
 @dataclass(frozen=True)
@@ -159,6 +166,27 @@ def finished_episodes(
         running_return.masked_fill_(done, 0.0)
         running_length.masked_fill_(done, 0)
     return torch.cat(returns), torch.cat(lengths)
+
+
+def reward_term_means(step_output: TensorDictBase) -> dict[str, float]:
+    """``reward/<term>``: the mean per env step of each ``diagnostic_reward_<term>`` entry.
+
+    Args:
+        step_output: the ``"next"`` part of a rollout (any batch shape); its
+            entries named :data:`REWARD_TERM_PREFIX` ``+ term`` are read.
+
+    Example:
+        >>> from tensordict import TensorDict
+        >>> out = TensorDict({"diagnostic_reward_upright": torch.tensor([[1.0], [3.0]]),
+        ...                   "reward": torch.tensor([[1.0], [3.0]])}, batch_size=[2])
+        >>> reward_term_means(out)
+        {'reward/upright': 2.0}
+    """
+    return {
+        f"reward/{key[len(REWARD_TERM_PREFIX):]}": float(step_output[key].mean())
+        for key in step_output.keys()
+        if isinstance(key, str) and key.startswith(REWARD_TERM_PREFIX)
+    }
 
 
 class PPO:
@@ -353,7 +381,9 @@ class PPO:
             after each step; 0 unless the schedule is adaptive), ``charts/kl_approx``,
             ``charts/clip_fraction``, ``charts/explained_variance``,
             ``charts/grad_norm``, ``charts/learning_rate``, ``charts/action_std``
-            and the seconds spent in ``perf/rollout_s`` and ``perf/update_s``.
+            and the seconds spent in ``perf/rollout_s`` and ``perf/update_s``;
+            with an env that reports its reward terms, ``reward/<term>``
+            (:func:`reward_term_means`; they sum to ``charts/reward_mean``).
         """
         start = time.perf_counter()
         batch = self.collect()
@@ -374,6 +404,7 @@ class PPO:
             "charts/episode_return": mean(self._recent_returns),
             "charts/episode_length": mean(self._recent_lengths),
             "charts/reward_mean": float(batch["next", "reward"].mean()),
+            **reward_term_means(batch["next"]),
             **stats,
             "charts/learning_rate": self.learning_rate,
             "charts/action_std": float(self.policy.log_std.detach().clamp(*LOG_STD_BOUNDS).exp().mean()),

@@ -9,7 +9,8 @@ to a step budget and owns everything around it, in an output directory:
   every ``checkpoint_every`` iterations and at the end;
 * ``metrics.csv``: one row per iteration, appended across resumes (rows newer
   than the checkpoint a run resumes from are dropped first);
-* ``curve.png``: episode return and length against env steps, redrawn as it goes;
+* ``curve.png``: episode return and length against env steps, redrawn as it
+  goes, and the largest reward terms (``reward/<term>`` columns) when logged;
 * ``config.json``: the run's configuration.
 
 An optional TorchRL logger (:mod:`waddle.algorithms.loggers`) receives every
@@ -50,6 +51,10 @@ RUN_COLUMNS = ("iteration", "env_steps", "wall_time_s", "steps_per_second")
 RETURN_KEY = "charts/episode_return"
 LENGTH_KEY = "charts/episode_length"
 REWARD_KEY = "charts/reward_mean"
+REWARD_TERM_PREFIX = "reward/"
+"""Columns holding one weighted reward term each (mean per env step)."""
+PLOTTED_REWARD_TERMS = 6
+"""How many reward terms ``curve.png`` draws: those of largest mean absolute value."""
 
 
 @dataclass(frozen=True)
@@ -151,10 +156,32 @@ def _to_float(value: str | None) -> float:
         return math.nan
 
 
+def largest_reward_terms(rows: list[Mapping[str, float]], count: int = PLOTTED_REWARD_TERMS) -> list[str]:
+    """The ``reward/<term>`` columns of ``rows`` with the largest mean absolute value (NaNs
+    skipped), largest first; at most ``count``, none that are zero throughout.
+
+    Example:
+        >>> rows = [{"reward/upright": 1.0, "reward/pose": -3.0, "reward/jump": 0.0},
+        ...         {"reward/upright": 2.0, "reward/pose": -1.0, "reward/jump": 0.0}]
+        >>> largest_reward_terms(rows, count=2)
+        ['reward/pose', 'reward/upright']
+    """
+    sizes: dict[str, list[float]] = {}
+    for row in rows:
+        for key, value in row.items():
+            if key.startswith(REWARD_TERM_PREFIX) and math.isfinite(value):
+                sizes.setdefault(key, []).append(abs(value))
+    means = {key: sum(values) / len(values) for key, values in sizes.items()}
+    ranked = sorted((key for key in means if means[key] > 0), key=lambda key: -means[key])
+    return ranked[:count]
+
+
 def plot_curve(rows: list[Mapping[str, float]], path: str | Path, *, title: str = "") -> None:
     """Draw episode return and length against env steps to ``path`` (PNG, written atomically).
 
     Falls back to the mean reward per step when the rows carry no episode return.
+    When the rows hold ``reward/<term>`` columns, a third panel draws the
+    :func:`largest_reward_terms`.
     """
     import matplotlib
 
@@ -164,14 +191,21 @@ def plot_curve(rows: list[Mapping[str, float]], path: str | Path, *, title: str 
     steps = [row["env_steps"] for row in rows]
     has_return = any(math.isfinite(row.get(RETURN_KEY, math.nan)) for row in rows)
     panels = [
-        (RETURN_KEY, "episode return") if has_return else (REWARD_KEY, "reward per step"),
-        (LENGTH_KEY, "episode length (steps)"),
+        ([RETURN_KEY] if has_return else [REWARD_KEY], "episode return" if has_return else "reward per step"),
+        ([LENGTH_KEY], "episode length (steps)"),
     ]
-    figure = Figure(figsize=(7, 6), tight_layout=True)
-    for index, (key, label) in enumerate(panels):
+    terms = largest_reward_terms(rows)
+    if terms:
+        panels.append((terms, "reward terms per step"))
+    figure = Figure(figsize=(7, 3 * len(panels)), tight_layout=True)
+    for index, (keys, label) in enumerate(panels):
         axes = figure.add_subplot(len(panels), 1, index + 1)
-        values = [row.get(key, math.nan) for row in rows]
-        axes.plot(steps, values, color="tab:blue" if index == 0 else "tab:orange")
+        for key in keys:
+            values = [row.get(key, math.nan) for row in rows]
+            color = None if len(keys) > 1 else ("tab:blue" if index == 0 else "tab:orange")
+            axes.plot(steps, values, color=color, label=key[len(REWARD_TERM_PREFIX):] if len(keys) > 1 else None)
+        if len(keys) > 1:
+            axes.legend(fontsize="small", loc="best")
         axes.set_ylabel(label)
         axes.grid(alpha=0.3)
         if index == len(panels) - 1:

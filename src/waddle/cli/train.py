@@ -252,6 +252,8 @@ def run(args: argparse.Namespace) -> int:
             backend=run_config.backend,
             differentiable=algorithm.differentiable,
             device=args.device,
+            # PPO logs each weighted reward term (reward/<term>) from the env's diagnostics.
+            diagnostics=not algorithm.differentiable,
         )
     except (ValueError, ImportError) as err:
         return _error(str(err).splitlines()[0])
