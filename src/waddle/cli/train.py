@@ -54,6 +54,26 @@ CHOICES = {"task": tuple(TASKS), "algo": tuple(ALGORITHMS), "backend": BACKENDS,
 # ---------------------------------------------------------------------------
 # Flags from dataclass fields
 # ---------------------------------------------------------------------------
+#
+# Why argparse built from the dataclasses rather than tyro (tried: tyro 1.0.17,
+# on {"run": TrainConfig, "algorithm": PPOConfig | SHACConfig | APGConfig}):
+# - tyro picks a union member by a positional subcommand, so `--algo shac`
+#   becomes `waddle train [run flags] algorithm:shac-config [its flags]` (or a
+#   renamed `shac` subcommand): a second source of truth beside TrainConfig.algo,
+#   and algorithm flags must follow the subcommand.
+# - A hyperparameter several algorithms share gets one flag per algorithm's
+#   subcommand; the one `--num-epochs` whose help reads "default ppo: 5; shac: 16"
+#   has no tyro equivalent, and `--run.`/`--algorithm.` prefixes rename every
+#   flag unless each field is annotated otherwise.
+# - --task, --algo, --backend and --logger are `str` fields checked against
+#   runtime registries (TASKS, ALGORITHMS, physics BACKENDS); tyro only offers
+#   choices for Literal/Enum annotations, so a typo would pass the parser.
+# - --resume itself would survive: `tyro.cli(..., default=<checkpoint config>)`
+#   keeps the checkpoint's value for every flag left out (checked), after a
+#   first pass reads --out and --resume.
+# So adopting it would change every flag name and the algorithm syntax for no
+# gain in what the flags can express; field_docs() below already makes each
+# field's docstring its help, as tyro would.
 
 
 def field_docs(cls: type) -> dict[str, str]:
