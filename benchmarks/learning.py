@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from waddle.algorithms.evaluation import EvaluationResult, deterministic_policy, evaluate
+from waddle.algorithms.evaluation import EvaluationResult, evaluate
 from waddle.algorithms.ppo import PPO, PPOConfig
 from waddle.algorithms.presets import WALK_SPEED, make_env
 
@@ -114,7 +114,7 @@ def train_until(
             print(f"  [{part}] {train_s / 60:5.1f} min  {env_steps:>10,} steps  {shown}", flush=True)
         if may_hold(metrics) or iteration % eval_every == 0:
             start = time.perf_counter()
-            evaluation = evaluate(eval_env, deterministic_policy(trainer))
+            evaluation = evaluate(eval_env, trainer.deterministic_policy())
             eval_s += time.perf_counter() - start
             print(
                 f"  [{part}] evaluation at {env_steps:,} steps: length {evaluation.mean_episode_length:.0f}, "
@@ -172,7 +172,7 @@ def shac_part(args: argparse.Namespace, target_return: float, ppo_steps: int) ->
     trainer = SHAC(env, config)
     outcome, _ = train_until(
         "shac", trainer, eval_env, lambda result: result.mean_return >= target_return,
-        steps_per_iteration=args.shac_envs * config.horizon, minutes_limit=args.shac_minutes,
+        steps_per_iteration=trainer.steps_per_iteration, minutes_limit=args.shac_minutes,
         may_hold=lambda metrics: False, eval_every=args.eval_every,
     )
     if outcome.reached:

@@ -20,7 +20,7 @@ from waddle.algorithms.checkpoint import (
 
 CONFIG = {
     "run": {"task": "standing", "algo": "ppo", "num_envs": 8, "total_steps": 1000},
-    "algorithm": {"actor_hidden": [64, 64], "learning_rate": 1e-3},
+    "algorithm": {"actor_hidden_sizes": [64, 64], "learning_rate": 1e-3},
 }
 
 
@@ -132,7 +132,7 @@ def test_missing_fields(tmp_path):
 
 
 def test_compatible_configs_pass():
-    same = {"run": dict(CONFIG["run"]), "algorithm": {"actor_hidden": (64, 64), "learning_rate": 1e-3}}
+    same = {"run": dict(CONFIG["run"]), "algorithm": {"actor_hidden_sizes": (64, 64), "learning_rate": 1e-3}}
     check_compatible(CONFIG, same)  # a tuple equals the list JSON gave back
 
 
@@ -145,10 +145,10 @@ def test_other_task_names_the_field():
 
 
 def test_other_network_shape_names_the_field():
-    other = {"run": CONFIG["run"], "algorithm": {**CONFIG["algorithm"], "actor_hidden": [128, 128]}}
+    other = {"run": CONFIG["run"], "algorithm": {**CONFIG["algorithm"], "actor_hidden_sizes": [128, 128]}}
     with pytest.raises(CheckpointError) as err:
         check_compatible(CONFIG, other)
-    assert "algorithm.actor_hidden differs" in one_line(err)
+    assert "algorithm.actor_hidden_sizes differs" in one_line(err)
 
 
 def test_ignored_fields_may_change():

@@ -1,4 +1,4 @@
-"""The deterministic policy of each trainer, and evaluation bookkeeping on a scripted env."""
+"""Evaluation bookkeeping on a scripted env."""
 
 from __future__ import annotations
 
@@ -8,46 +8,7 @@ from tensordict import TensorDict
 from torchrl.data import Bounded, Categorical, Composite, Unbounded
 from torchrl.envs import EnvBase
 
-from tests.helpers.diff_point_env import DiffPointEnv
-from waddle.algorithms.apg import APG, APGConfig
-from waddle.algorithms.evaluation import deterministic_policy, evaluate
-from waddle.algorithms.ppo import PPO, PPOConfig
-from waddle.algorithms.shac import SHAC, SHACConfig
-
-
-def point_env():
-    return DiffPointEnv(4, action_bound=1.0, max_steps=5)
-
-
-def test_ppo_policy_is_its_clamped_mean():
-    trainer = PPO(point_env(), PPOConfig(num_steps=3, actor_hidden=(8,), critic_hidden=(8,)))
-    trainer.train_iteration()
-    observation = torch.randn(6, 2)
-    with torch.no_grad():
-        expected = trainer.policy(observation)[0].clamp(-1, 1)
-    assert torch.equal(deterministic_policy(trainer)(observation), expected)
-
-
-@pytest.mark.parametrize("stochastic", [False, True])
-def test_apg_policy_is_its_normalised_mean(stochastic):
-    trainer = APG(point_env(), APGConfig(horizon=3, actor_hidden_sizes=(8,), stochastic_policy=stochastic))
-    trainer.train_iteration()
-    assert int(trainer.normalizer.count) > 0  # the statistics are really in play
-    observation = torch.randn(6, 2)
-    net = trainer.actor[0].module.net if stochastic else trainer.actor.module
-    with torch.no_grad():
-        expected = net(trainer.normalizer(observation)).clamp(-1, 1)
-    assert torch.allclose(deterministic_policy(trainer)(observation), expected)
-
-
-def test_shac_policy_is_its_normalised_mean():
-    config = SHACConfig(horizon=3, actor_hidden_sizes=(8,), critic_hidden_sizes=(8,), critic_iterations=1)
-    trainer = SHAC(point_env(), config)
-    trainer.train_iteration()
-    observation = torch.randn(6, 2)
-    with torch.no_grad():
-        expected = trainer.actor[0].module.net(trainer.normalizer(observation)).clamp(-1, 1)
-    assert torch.allclose(deterministic_policy(trainer)(observation), expected)
+from waddle.algorithms.evaluation import evaluate
 
 
 class ScriptedEnv(EnvBase):

@@ -16,9 +16,10 @@ from waddle.algorithms.ppo import (
     adapt_learning_rate,
     finished_episodes,
     gaussian_kl,
+    reward_term_means,
 )
 
-TINY = dict(actor_hidden=(16,), critic_hidden=(16,))
+TINY = dict(actor_hidden_sizes=(16,), critic_hidden_sizes=(16,))
 
 
 def constant_networks(trainer: PPO, *, value: float) -> None:
@@ -111,7 +112,7 @@ def test_gae_bootstraps_truncation_but_not_termination(terminated_last, expected
 
 
 def test_clipped_loss_on_hand_worked_batch():
-    config = PPOConfig(init_std=1.0, clip_epsilon=0.2, entropy_coef=0.01, value_coef=0.5, **TINY)
+    config = PPOConfig(init_log_std=0.0, clip_epsilon=0.2, entropy_coef=0.01, value_coef=0.5, **TINY)
     trainer = PPO(DiffPointEnv(2, action_bound=1.0), config)
     constant_networks(trainer, value=1.0)
     # Two samples, action 0 under N(0, 1): log p = -0.5 log(2 pi). The behaviour
@@ -160,8 +161,8 @@ def test_rollout_shapes_and_counters():
 
 def test_ppo_improves_point_mass():
     torch.manual_seed(0)
-    config = PPOConfig(num_steps=25, num_epochs=5, num_minibatches=4, learning_rate=3e-3, actor_hidden=(32, 32),
-                       critic_hidden=(32, 32))
+    config = PPOConfig(num_steps=25, num_epochs=5, num_minibatches=4, learning_rate=3e-3, actor_hidden_sizes=(32, 32),
+                       critic_hidden_sizes=(32, 32))
     trainer = PPO(point_env(32), config)
     returns = [trainer.train_iteration()["charts/episode_return"] for _ in range(12)]
     assert math.isfinite(returns[0])
@@ -222,8 +223,43 @@ def test_deterministic_policy_is_the_clamped_mean():
         ("lr_schedule", "cosine", "lr_schedule must be one of"),
         ("gamma", 1.5, "gamma must be in"),
         ("clip_epsilon", 0.0, "clip_epsilon must be > 0"),
+        ("init_log_std", 2.0, r"init_log_std must be in \[-5.0, 1.0\]"),
     ],
 )
 def test_config_validation(field, value, message):
     with pytest.raises(ValueError, match=message):
         PPOConfig(**{field: value})
+
+
+# ---------------------------------------------------------------------------
+# Reward terms
+# ---------------------------------------------------------------------------
+
+
+def test_reward_term_means_are_per_step_means_of_the_diagnostic_entries():
+    # 2 envs x 3 steps; upright: mean of 1..6 = 3.5; pose: (-1 + 0 + 0 + 0 + 0 - 2) / 6 = -0.5
+    out = TensorDict(
+        {
+            "diagnostic_reward_upright": torch.arange(1.0, 7.0).reshape(2, 3, 1),
+            "diagnostic_reward_pose": torch.tensor([[[-1.0], [0.0], [0.0]], [[0.0], [0.0], [-2.0]]]),
+            "diagnostic_height": torch.ones(2, 3, 1),  # not a reward term
+            "reward": torch.zeros(2, 3, 1),
+        },
+        batch_size=[2, 3],
+    )
+    assert reward_term_means(out) == {"reward/upright": 3.5, "reward/pose": -0.5}
+    assert reward_term_means(out.exclude("diagnostic_reward_upright", "diagnostic_reward_pose")) == {}
+
+
+def test_ppo_on_microduck_logs_every_reward_term_summing_to_the_mean_reward():
+    from waddle.envs.microduck import MicroDuckEnv
+
+    env = MicroDuckEnv(tasks=[MicroDuckEnv.tracking_task(0.2)], num_envs=4, seed=0, diagnostics=True)
+    trainer = PPO(env, PPOConfig(num_steps=8, num_epochs=1, num_minibatches=2, **TINY))
+    metrics = trainer.train_iteration()
+    env.close()
+    terms = {key: value for key, value in metrics.items() if key.startswith("reward/")}
+    assert set(terms) == {f"reward/{name}" for name in MicroDuckEnv.REWARD_TERMS}
+    assert any(value != 0.0 for value in terms.values())
+    # The env's reward is the sum of its weighted terms, so the means add up too.
+    assert sum(terms.values()) == pytest.approx(metrics["charts/reward_mean"], rel=1e-5, abs=1e-6)

@@ -10,9 +10,16 @@ import torch
 from tests.helpers.diff_point_env import DiffPointEnv
 from waddle.algorithms.checkpoint import load_checkpoint
 from waddle.algorithms.ppo import PPO, PPOConfig
-from waddle.algorithms.runner import Runner, non_finite_losses, read_metrics, state_is_finite
+from waddle.algorithms.runner import (
+    Runner,
+    largest_reward_terms,
+    non_finite_losses,
+    plot_curve,
+    read_metrics,
+    state_is_finite,
+)
 
-CONFIG = PPOConfig(num_steps=4, num_epochs=1, num_minibatches=2, actor_hidden=(8,), critic_hidden=(8,))
+CONFIG = PPOConfig(num_steps=4, num_epochs=1, num_minibatches=2, actor_hidden_sizes=(8,), critic_hidden_sizes=(8,))
 STEPS = 4 * 8  # num_steps x num_envs
 
 
@@ -24,7 +31,6 @@ def make_runner(out, *, total_iterations, checkpoint_every=2, trainer=None):
         algo="ppo",
         config={"run": {"task": "point"}, "algorithm": {"num_steps": 4}},
         total_steps=total_iterations * STEPS,
-        steps_per_iteration=STEPS,
         checkpoint_every=checkpoint_every,
         plot_every_s=3600.0,  # the final redraw is enough
         progress=False,
@@ -36,6 +42,7 @@ class Interrupting:
 
     def __init__(self, trainer, stop_at, error=KeyboardInterrupt):
         self.trainer, self.stop_at, self.error, self.calls = trainer, stop_at, error, 0
+        self.steps_per_iteration = trainer.steps_per_iteration
 
     def train_iteration(self):
         self.calls += 1
@@ -115,6 +122,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
 def test_nan_in_reported_losses_stops_without_saving(tmp_path):
     class NaNTrainer:
         saved = False
+        steps_per_iteration = STEPS
 
         def train_iteration(self):
             return {"losses/actor_loss": math.nan, "charts/reward_mean": 0.0}
@@ -136,3 +144,30 @@ def test_pure_helpers():
     assert non_finite_losses({"losses/a": 1.0, "losses/b": math.inf, "charts/c": math.nan}) == ["losses/b"]
     assert state_is_finite({"a": torch.ones(2), "b": [torch.zeros(1), 3], "c": torch.arange(3)})
     assert not state_is_finite({"a": {"b": torch.tensor([0.0, math.nan])}})
+
+
+def test_largest_reward_terms_rank_by_mean_absolute_value():
+    rows = [
+        {"reward/upright": 1.0, "reward/pose": -3.0, "reward/jump": 0.0, "reward/drift": math.nan, "charts/x": 9.0},
+        {"reward/upright": 2.0, "reward/pose": -1.0, "reward/jump": 0.0, "reward/drift": -0.5, "charts/x": 9.0},
+    ]
+    # mean |.|: pose 2.0, upright 1.5, drift 0.5 (NaN skipped), jump 0 (left out)
+    assert largest_reward_terms(rows) == ["reward/pose", "reward/upright", "reward/drift"]
+    assert largest_reward_terms(rows, count=1) == ["reward/pose"]
+
+
+def png_size(path):
+    """(width, height) from a PNG's IHDR chunk."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+def test_curve_gains_a_reward_term_panel(tmp_path):
+    rows = [{"env_steps": 32.0 * i, "charts/episode_return": float(i), "charts/episode_length": 10.0,
+             "reward/upright": 0.1 * i, "reward/pose": -0.05} for i in range(1, 4)]
+    plot_curve(rows, tmp_path / "with.png")
+    plot_curve([{key: value for key, value in row.items() if not key.startswith("reward/")} for row in rows],
+               tmp_path / "without.png")
+    assert png_size(tmp_path / "without.png") == (700, 600)  # 7 x 3 inches per panel at 100 dpi
+    assert png_size(tmp_path / "with.png") == (700, 900)

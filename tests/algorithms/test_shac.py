@@ -20,8 +20,8 @@ def single_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-SMALL = dict(actor_hidden_sizes=(16,), critic_hidden_sizes=(16,), critic_iterations=2,
-             critic_minibatches=2)
+SMALL = dict(actor_hidden_sizes=(16,), critic_hidden_sizes=(16,), num_epochs=2,
+             num_minibatches=2)
 
 
 def test_actor_loss_adds_the_bootstrapped_value_where_each_env_stops():
@@ -101,12 +101,12 @@ def test_state_dict_round_trip():
 
 
 def test_config_rejects_bad_values():
-    with pytest.raises(ValueError, match="lam"):
-        SHACConfig(lam=1.5)
+    with pytest.raises(ValueError, match="gae_lambda"):
+        SHACConfig(gae_lambda=1.5)
     with pytest.raises(ValueError, match="target_critic_alpha"):
         SHACConfig(target_critic_alpha=1.0)
-    with pytest.raises(ValueError, match="critic_minibatches"):
-        SHACConfig(critic_minibatches=0)
+    with pytest.raises(ValueError, match="num_minibatches"):
+        SHACConfig(num_minibatches=0)
     with pytest.raises(ValueError, match="horizon"):
         SHACConfig(horizon=0)
 
@@ -125,9 +125,9 @@ def _evaluate(trainer: SHAC) -> float:
 def test_shac_improves_the_return_on_the_point_mass(single_thread):
     torch.manual_seed(0)
     env = DiffPointEnv(16, max_steps=40, bound=3.0, action_bound=1.0, init_scale=1.0)
-    config = SHACConfig(horizon=16, gamma=0.95, actor_lr=1e-2, critic_lr=5e-3,
+    config = SHACConfig(horizon=16, gamma=0.95, learning_rate=1e-2, critic_learning_rate=5e-3,
                         actor_hidden_sizes=(32, 32), critic_hidden_sizes=(32, 32),
-                        critic_iterations=4, critic_minibatches=2,
+                        num_epochs=4, num_minibatches=2,
                         normalize_observations=False)
     trainer = SHAC(env, config)
     before = _evaluate(trainer)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import stat
 import subprocess
 import sys
@@ -27,8 +28,8 @@ TINY = [
     "--num-steps", "16",
     "--num-epochs", "2",
     "--num-minibatches", "2",
-    "--actor-hidden", "32", "32",
-    "--critic-hidden", "32", "32",
+    "--actor-hidden-sizes", "32", "32",
+    "--critic-hidden-sizes", "32", "32",
     "--checkpoint-every", "3",
     "--video-frames", "10",
     "--no-progress",
@@ -68,11 +69,24 @@ def test_train_writes_every_output(trained, capsys):
     for column in ("charts/episode_return", "charts/episode_length", "steps_per_second", "losses/policy_loss"):
         assert column in rows[0]
     config = json.loads((trained / "config.json").read_text())
-    assert config["run"]["task"] == "standing" and config["algorithm"]["actor_hidden"] == [32, 32]
+    assert config["run"]["task"] == "standing" and config["algorithm"]["actor_hidden_sizes"] == [32, 32]
     assert (trained / "curve.png").read_bytes()[:4] == b"\x89PNG"
+    height = int.from_bytes((trained / "curve.png").read_bytes()[20:24], "big")
+    assert height == 900  # return, length and reward-term panels, 300 px each
     assert (trained / "video.mp4").stat().st_size > 1000
     for path in trained.iterdir():  # readable by others under the usual umask, like any file open() makes
         assert stat.S_IMODE(path.stat().st_mode) == default_file_mode(), path.name
+
+
+def test_metrics_hold_every_reward_term_summing_to_the_mean_reward(trained):
+    from waddle.envs.microduck import MicroDuckEnv
+
+    rows = read_rows(trained / "metrics.csv")
+    terms = [column for column in rows[0] if column.startswith("reward/")]
+    assert sorted(terms) == sorted(f"reward/{name}" for name in MicroDuckEnv.REWARD_TERMS)
+    for row in rows:
+        total = sum(float(row[column]) for column in terms)
+        assert total == pytest.approx(float(row["charts/reward_mean"]), rel=1e-5, abs=1e-6)
 
 
 def test_resume_continues_and_appends(trained, tmp_path, capsys):
@@ -94,9 +108,40 @@ def test_resume_refuses_an_incompatible_config(trained, capsys):
     assert code == 1
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "run.task differs" in err and "'standing'" in err and "'walk'" in err
-    code = main(["train", "--out", str(trained), "--resume", "--actor-hidden", "64", "--total-steps", "4096"])
+    code = main(["train", "--out", str(trained), "--resume", "--actor-hidden-sizes", "64", "--total-steps", "4096"])
     assert code == 1
-    assert "algorithm.actor_hidden differs" in capsys.readouterr().err
+    assert "algorithm.actor_hidden_sizes differs" in capsys.readouterr().err
+
+
+def test_resume_reads_a_checkpoint_with_the_old_config_names(trained, tmp_path, capsys):
+    out = tmp_path / "old"
+    out.mkdir()
+    checkpoint = torch.load(trained / "checkpoint.pt", weights_only=True)
+    algorithm = checkpoint["config"]["algorithm"]
+    algorithm["actor_hidden"] = algorithm.pop("actor_hidden_sizes")
+    algorithm["critic_hidden"] = algorithm.pop("critic_hidden_sizes")
+    algorithm["init_std"] = math.exp(algorithm.pop("init_log_std"))
+    torch.save(checkpoint, out / "checkpoint.pt")
+    argv = ["train", "--out", str(out), "--resume", "--total-steps", "2304", "--video-frames", "0", "--no-progress"]
+    assert main(argv) == 0, capsys.readouterr().err
+    resumed = torch.load(out / "checkpoint.pt", weights_only=True)
+    assert resumed["env_steps"] == 2304
+    assert resumed["config"]["algorithm"]["actor_hidden_sizes"] == [32, 32]
+    assert "actor_hidden" not in resumed["config"]["algorithm"]
+
+
+def test_one_flag_per_hyperparameter_shared_by_the_algorithms():
+    from waddle.cli.main import build_parser
+
+    parser = build_parser()
+    train = parser._subparsers._group_actions[0].choices["train"]
+    helps = {flag: action.help for action in train._actions for flag in action.option_strings}
+    for old in ("--actor-hidden", "--critic-hidden", "--init-std", "--lam", "--actor-lr", "--critic-lr",
+                "--critic-iterations", "--critic-minibatches"):
+        assert old not in helps, old
+    assert "ppo: 5; shac: 16" in helps["--num-epochs"]
+    assert "ppo: 0.95; shac: 0.95" in helps["--gae-lambda"]
+    assert "ppo: 128 128; shac: 400 200 100; apg: 64 64" in helps["--actor-hidden-sizes"]
 
 
 def test_fresh_run_refuses_to_overwrite(trained, capsys):
@@ -167,6 +212,15 @@ def test_bad_names_are_argparse_errors(argv, choices, capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "invalid choice" in err and choices.replace(", ", "', '") in err
+
+
+def test_a_logger_without_its_package_is_one_line_naming_the_install(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # as if wandb were not installed
+    out = tmp_path / "x"
+    assert main(["train", "--out", str(out), "--logger", "wandb", "--total-steps", "256", "--no-progress"]) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "--logger wandb needs the wandb package" in lines[0] and "pip install wandb" in lines[0]
+    assert not out.exists()  # refused before anything was built or written
 
 
 def test_algorithm_flag_of_another_algorithm_is_refused(tmp_path, capsys):

@@ -98,7 +98,7 @@ def config_differences(
     """``(field, saved value, requested value)`` for every field that differs.
 
     Nested dictionaries are compared field by field and reported with dotted
-    names (``"algo.actor_hidden"``); lists and tuples compare equal when their
+    names (``"algorithm.actor_hidden_sizes"``); lists and tuples compare equal when their
     items do. Fields named in ``ignore`` (dotted names) are skipped.
 
     Example:

@@ -1,9 +1,10 @@
 """Deterministic evaluation of a trained policy on MicroDuck, optionally filmed.
 
-:func:`deterministic_policy` turns any trainer (PPO, SHAC, APG) into one
-``observation -> action`` module with its observation normaliser inside;
-:func:`evaluate` runs it for one full episode in each env of a batch and
-reports return, episode length, velocity-tracking error and fall rate.
+Every trainer's ``deterministic_policy()`` (see :class:`~waddle.algorithms.trainer.Trainer`)
+is one ``observation -> action`` module with its observation normaliser inside;
+:func:`policy_from_checkpoint` rebuilds it from a checkpoint, and :func:`evaluate`
+runs it for one full episode in each env of a batch and reports return, episode
+length, velocity-tracking error and fall rate.
 """
 
 from __future__ import annotations
@@ -14,55 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tensordict.nn import TensorDictModule
 from torch import nn
 from torchrl.envs import EnvBase
-from torchrl.modules import ProbabilisticActor
 
 from waddle.algorithms.checkpoint import CheckpointError
-from waddle.algorithms.presets import make_config, make_trainer
-from waddle.modules.normalizer import RunningNormalizer
+from waddle.algorithms.presets import make_config, make_trainer, upgrade_config_fields
 from waddle.video import write_video
-
-
-class NormalizedMeanPolicy(nn.Module):
-    """``clamp(net(normalizer(observation)), low, high)``; the normaliser may be ``None``."""
-
-    def __init__(self, net: nn.Module, normalizer: RunningNormalizer | None, low: float, high: float) -> None:
-        super().__init__()
-        self.net = net
-        self.normalizer = normalizer
-        self.low, self.high = float(low), float(high)
-
-    def forward(self, observation: torch.Tensor) -> torch.Tensor:
-        if self.normalizer is not None:
-            observation = self.normalizer(observation)
-        out = self.net(observation)
-        if isinstance(out, tuple):  # a Gaussian head: (loc, scale)
-            out = out[0]
-        return out.clamp(self.low, self.high)
-
-
-def deterministic_policy(trainer: Any) -> nn.Module:
-    """The trainer's deterministic ``observation -> action`` module (eval mode, on CPU or its device).
-
-    Uses ``trainer.deterministic_policy()`` when the trainer has it (PPO);
-    otherwise takes the mean network out of ``trainer.actor`` (a
-    ``TensorDictModule`` over an MLP, or a ``ProbabilisticActor`` over a
-    Gaussian head) and puts ``trainer.normalizer`` in front of it.
-    """
-    if hasattr(trainer, "deterministic_policy"):
-        return trainer.deterministic_policy().eval()
-    actor = trainer.actor
-    if isinstance(actor, ProbabilisticActor):
-        net = actor[0].module  # the head writing (loc, scale)
-    elif isinstance(actor, TensorDictModule):
-        net = actor.module
-    else:
-        raise TypeError(f"cannot take a deterministic policy out of a {type(actor).__name__} actor.")
-    spec = trainer.env.action_spec
-    low, high = float(spec.space.low.min()), float(spec.space.high.max())
-    return NormalizedMeanPolicy(net, getattr(trainer, "normalizer", None), low, high).eval()
 
 
 def policy_from_checkpoint(
@@ -78,13 +36,13 @@ def policy_from_checkpoint(
     """
     algo = checkpoint["algo"]
     try:
-        config = make_config(algo, checkpoint["config"]["algorithm"])
+        config = make_config(algo, upgrade_config_fields(algo, checkpoint["config"]["algorithm"]))
         trainer = make_trainer(algo, env, config, device)
         trainer.load_state_dict(checkpoint["trainer"])
     except (KeyError, TypeError, ValueError, RuntimeError) as err:
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise CheckpointError(f"the checkpoint's {algo} state does not fit its config: {reason[:200]}") from None
-    return deterministic_policy(trainer)
+    return trainer.deterministic_policy()
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,13 @@ The normaliser is updated *after* the epochs so that, within an iteration,
 the policy that scored the old log-probabilities and the one being optimised
 see the same statistics (the importance ratio starts at exactly 1).
 
-The maths PPO needs beyond TorchRL is in two pure functions the tests import:
-:func:`gaussian_kl`, :func:`adapt_learning_rate` and :func:`finished_episodes`.
+The maths PPO needs beyond TorchRL is in pure functions the tests import:
+:func:`gaussian_kl`, :func:`adapt_learning_rate`, :func:`finished_episodes`
+and :func:`reward_term_means`.
+
+When the env reports its weighted reward terms (``MicroDuckEnv(diagnostics=True)``
+writes ``diagnostic_reward_<term>``, summing to the reward), each iteration also
+logs their mean per env step as ``reward/<term>``.
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ from waddle.modules.networks import LOG_STD_BOUNDS, GaussianPolicy, PolicyMean, 
 from waddle.modules.normalizer import RunningNormalizer
 
 LR_SCHEDULES = ("constant", "adaptive")
+REWARD_TERM_PREFIX = "diagnostic_reward_"
+"""Entries of an env step's output holding one weighted reward term each (``MicroDuckEnv(diagnostics=True)``)."""
 
 
 @dataclass(frozen=True)
@@ -69,12 +76,12 @@ class PPOConfig:
     """Weight of the value (critic) loss."""
     max_grad_norm: float = 1.0
     """Gradients are rescaled to at most this global norm."""
-    actor_hidden: tuple[int, ...] = (128, 128)
+    actor_hidden_sizes: tuple[int, ...] = (128, 128)
     """Hidden layer widths of the policy network."""
-    critic_hidden: tuple[int, ...] = (256, 128)
+    critic_hidden_sizes: tuple[int, ...] = (256, 128)
     """Hidden layer widths of the value network."""
-    init_std: float = 1.0
-    """Initial standard deviation of the Gaussian policy (actions live in [-1, 1]; the env clips samples)."""
+    init_log_std: float = 0.0
+    """Initial log standard deviation of the Gaussian policy (0: std 1; actions live in [-1, 1], the env clips samples)."""
     normalize_observations: bool = True
     """Normalise observations by running mean and variance (frozen at identity when False)."""
 
@@ -85,14 +92,17 @@ class PPOConfig:
                 raise ValueError(f"PPOConfig.{name} must be an integer >= 1, got {value!r}.")
         if self.lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"PPOConfig.lr_schedule must be one of {LR_SCHEDULES}, got {self.lr_schedule!r}.")
-        for name in ("learning_rate", "desired_kl", "clip_epsilon", "max_grad_norm", "init_std"):
+        for name in ("learning_rate", "desired_kl", "clip_epsilon", "max_grad_norm"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"PPOConfig.{name} must be > 0, got {getattr(self, name)!r}.")
         for name in ("gamma", "gae_lambda"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"PPOConfig.{name} must be in [0, 1], got {getattr(self, name)!r}.")
-        object.__setattr__(self, "actor_hidden", tuple(int(w) for w in self.actor_hidden))
-        object.__setattr__(self, "critic_hidden", tuple(int(w) for w in self.critic_hidden))
+        low, high = LOG_STD_BOUNDS
+        if not low <= self.init_log_std <= high:
+            raise ValueError(f"PPOConfig.init_log_std must be in [{low}, {high}], got {self.init_log_std!r}.")
+        object.__setattr__(self, "actor_hidden_sizes", tuple(int(w) for w in self.actor_hidden_sizes))
+        object.__setattr__(self, "critic_hidden_sizes", tuple(int(w) for w in self.critic_hidden_sizes))
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -158,6 +168,27 @@ def finished_episodes(
     return torch.cat(returns), torch.cat(lengths)
 
 
+def reward_term_means(step_output: TensorDictBase) -> dict[str, float]:
+    """``reward/<term>``: the mean per env step of each ``diagnostic_reward_<term>`` entry.
+
+    Args:
+        step_output: the ``"next"`` part of a rollout (any batch shape); its
+            entries named :data:`REWARD_TERM_PREFIX` ``+ term`` are read.
+
+    Example:
+        >>> from tensordict import TensorDict
+        >>> out = TensorDict({"diagnostic_reward_upright": torch.tensor([[1.0], [3.0]]),
+        ...                   "reward": torch.tensor([[1.0], [3.0]])}, batch_size=[2])
+        >>> reward_term_means(out)
+        {'reward/upright': 2.0}
+    """
+    return {
+        f"reward/{key[len(REWARD_TERM_PREFIX):]}": float(step_output[key].mean())
+        for key in step_output.keys()
+        if isinstance(key, str) and key.startswith(REWARD_TERM_PREFIX)
+    }
+
+
 class PPO:
     """PPO trainer for a batched env with an ``"observation"`` entry and a bounded action.
 
@@ -199,8 +230,10 @@ class PPO:
 
         # Networks: one normaliser shared by the actor and the critic.
         self.normalizer = RunningNormalizer(observation_dim).to(self.device)
-        self.policy = GaussianPolicy(self.normalizer, action_dim, config.actor_hidden, init_std=config.init_std)
-        self.value = ValueNetwork(self.normalizer, config.critic_hidden)
+        self.policy = GaussianPolicy(
+            self.normalizer, action_dim, config.actor_hidden_sizes, init_std=math.exp(config.init_log_std)
+        )
+        self.value = ValueNetwork(self.normalizer, config.critic_hidden_sizes)
         self.policy.to(self.device)
         self.value.to(self.device)
         self.actor = make_actor(self.policy)
@@ -348,7 +381,9 @@ class PPO:
             after each step; 0 unless the schedule is adaptive), ``charts/kl_approx``,
             ``charts/clip_fraction``, ``charts/explained_variance``,
             ``charts/grad_norm``, ``charts/learning_rate``, ``charts/action_std``
-            and the seconds spent in ``perf/rollout_s`` and ``perf/update_s``.
+            and the seconds spent in ``perf/rollout_s`` and ``perf/update_s``;
+            with an env that reports its reward terms, ``reward/<term>``
+            (:func:`reward_term_means`; they sum to ``charts/reward_mean``).
         """
         start = time.perf_counter()
         batch = self.collect()
@@ -369,6 +404,7 @@ class PPO:
             "charts/episode_return": mean(self._recent_returns),
             "charts/episode_length": mean(self._recent_lengths),
             "charts/reward_mean": float(batch["next", "reward"].mean()),
+            **reward_term_means(batch["next"]),
             **stats,
             "charts/learning_rate": self.learning_rate,
             "charts/action_std": float(self.policy.log_std.detach().clamp(*LOG_STD_BOUNDS).exp().mean()),

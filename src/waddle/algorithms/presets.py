@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from waddle.algorithms.trainer import Trainer
 from waddle.envs.microduck import MicroDuckEnv, MicroDuckTask
 from waddle.physics import BACKENDS as PHYSICS_BACKENDS
 
@@ -113,6 +115,47 @@ def make_env(
     return MicroDuckEnv(tasks=TASKS[task](), num_envs=num_envs, seed=seed, backend=backend, device=device, **kwargs)
 
 
+RENAMED_FIELDS: dict[str, dict[str, str]] = {
+    "ppo": {"actor_hidden": "actor_hidden_sizes", "critic_hidden": "critic_hidden_sizes"},
+    "shac": {
+        "lam": "gae_lambda",
+        "actor_lr": "learning_rate",
+        "critic_lr": "critic_learning_rate",
+        "critic_iterations": "num_epochs",
+        "critic_minibatches": "num_minibatches",
+    },
+}
+"""Per ``--algo``: config field name of checkpoints written before the three configs
+shared one vocabulary -> its name now. PPO's ``init_std`` became ``init_log_std``
+(its logarithm)."""
+
+
+def upgrade_config_fields(algo: str, fields: Mapping[str, Any]) -> dict[str, Any]:
+    """``fields`` (an algorithm config as a dictionary) with old field names renamed (see
+    :data:`RENAMED_FIELDS`), so checkpoints written before the rename still load.
+
+    Raises:
+        ValueError: ``fields`` holds both an old name and its new one.
+
+    Example:
+        >>> upgrade_config_fields("shac", {"lam": 0.9, "horizon": 16})
+        {'gae_lambda': 0.9, 'horizon': 16}
+    """
+    _choice("algorithm", algo, ALGORITHMS)
+    renamed = dict(RENAMED_FIELDS.get(algo, {}))
+    values = dict(fields)
+    if algo == "ppo" and "init_std" in values:
+        renamed["init_std"] = "init_log_std"
+        values["init_std"] = math.log(values["init_std"])
+    upgraded = {}
+    for name, value in values.items():
+        new = renamed.get(name, name)
+        if new in upgraded or (new != name and new in values):
+            raise ValueError(f"the {algo} config has both {name!r} and its new name {new!r}; keep only {new!r}.")
+        upgraded[new] = value
+    return upgraded
+
+
 def make_config(algo: str, overrides: Mapping[str, Any] | None = None) -> Any:
     """The config dataclass of ``algo`` with ``overrides`` (field name -> value) applied."""
     _choice("algorithm", algo, ALGORITHMS)
@@ -128,7 +171,7 @@ def make_config(algo: str, overrides: Mapping[str, Any] | None = None) -> Any:
     return config_class(**overrides)
 
 
-def make_trainer(algo: str, env: MicroDuckEnv, config: Any, device: torch.device | str = "cpu") -> Any:
+def make_trainer(algo: str, env: MicroDuckEnv, config: Any, device: torch.device | str = "cpu") -> Trainer:
     """``Trainer(env, config, device)`` for ``algo``."""
     _choice("algorithm", algo, ALGORITHMS)
     trainer_class, _ = ALGORITHMS[algo].classes()

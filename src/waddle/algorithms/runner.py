@@ -1,15 +1,20 @@
 """The training loop around any trainer: iterate, check, log, plot, checkpoint.
 
-A trainer (PPO, SHAC, APG) knows one thing: ``train_iteration() -> dict`` of
-scalars, plus ``state_dict()``/``load_state_dict()``. :class:`Runner` drives it
+A trainer (PPO, SHAC, APG; see :class:`~waddle.algorithms.trainer.Trainer`)
+knows one thing: ``train_iteration() -> dict`` of scalars, plus its state and
+``steps_per_iteration``. :class:`Runner` drives it
 to a step budget and owns everything around it, in an output directory:
 
 * ``checkpoint.pt``: trainer state, config, step count, written atomically
   every ``checkpoint_every`` iterations and at the end;
 * ``metrics.csv``: one row per iteration, appended across resumes (rows newer
   than the checkpoint a run resumes from are dropped first);
-* ``curve.png``: episode return and length against env steps, redrawn as it goes;
+* ``curve.png``: episode return and length against env steps, redrawn as it
+  goes, and the largest reward terms (``reward/<term>`` columns) when logged;
 * ``config.json``: the run's configuration.
+
+An optional TorchRL logger (:mod:`waddle.algorithms.loggers`) receives every
+column of every ``metrics.csv`` row as a scalar at step ``env_steps``.
 
 Stopping is always safe. A non-finite loss stops the run before anything of
 that iteration is saved; Ctrl-C stops it wherever it is; in both cases
@@ -30,7 +35,11 @@ from typing import Any
 
 import torch
 
+from torchrl.record.loggers import Logger
+
 from waddle.algorithms.checkpoint import atomic_write, save_checkpoint
+from waddle.algorithms.loggers import LOGGERS
+from waddle.algorithms.trainer import Trainer
 
 CHECKPOINT_FILE = "checkpoint.pt"
 METRICS_FILE = "metrics.csv"
@@ -42,6 +51,10 @@ RUN_COLUMNS = ("iteration", "env_steps", "wall_time_s", "steps_per_second")
 RETURN_KEY = "charts/episode_return"
 LENGTH_KEY = "charts/episode_length"
 REWARD_KEY = "charts/reward_mean"
+REWARD_TERM_PREFIX = "reward/"
+"""Columns holding one weighted reward term each (mean per env step)."""
+PLOTTED_REWARD_TERMS = 6
+"""How many reward terms ``curve.png`` draws: those of largest mean absolute value."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +85,8 @@ class TrainConfig:
     """Frames of the trained policy filmed to video.mp4 at the end (0: no video)."""
     torch_threads: int = 1
     """Threads of torch's own ops (0: torch's default); the physics has its own pool, so 1 is fastest on a small CPU."""
+    logger: str = "none"
+    """Also write the metrics through a TorchRL logger: 'csv', 'tensorboard' or 'wandb' (under the output directory)."""
 
     def __post_init__(self) -> None:
         for name in ("num_envs", "total_steps", "checkpoint_every"):
@@ -81,6 +96,8 @@ class TrainConfig:
         for name in ("video_frames", "torch_threads"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}.")
+        if self.logger not in LOGGERS:
+            raise ValueError(f"logger must be one of {', '.join(LOGGERS)}; got {self.logger!r}.")
 
 
 @dataclass
@@ -139,10 +156,32 @@ def _to_float(value: str | None) -> float:
         return math.nan
 
 
+def largest_reward_terms(rows: list[Mapping[str, float]], count: int = PLOTTED_REWARD_TERMS) -> list[str]:
+    """The ``reward/<term>`` columns of ``rows`` with the largest mean absolute value (NaNs
+    skipped), largest first; at most ``count``, none that are zero throughout.
+
+    Example:
+        >>> rows = [{"reward/upright": 1.0, "reward/pose": -3.0, "reward/jump": 0.0},
+        ...         {"reward/upright": 2.0, "reward/pose": -1.0, "reward/jump": 0.0}]
+        >>> largest_reward_terms(rows, count=2)
+        ['reward/pose', 'reward/upright']
+    """
+    sizes: dict[str, list[float]] = {}
+    for row in rows:
+        for key, value in row.items():
+            if key.startswith(REWARD_TERM_PREFIX) and math.isfinite(value):
+                sizes.setdefault(key, []).append(abs(value))
+    means = {key: sum(values) / len(values) for key, values in sizes.items()}
+    ranked = sorted((key for key in means if means[key] > 0), key=lambda key: -means[key])
+    return ranked[:count]
+
+
 def plot_curve(rows: list[Mapping[str, float]], path: str | Path, *, title: str = "") -> None:
     """Draw episode return and length against env steps to ``path`` (PNG, written atomically).
 
     Falls back to the mean reward per step when the rows carry no episode return.
+    When the rows hold ``reward/<term>`` columns, a third panel draws the
+    :func:`largest_reward_terms`.
     """
     import matplotlib
 
@@ -152,14 +191,21 @@ def plot_curve(rows: list[Mapping[str, float]], path: str | Path, *, title: str 
     steps = [row["env_steps"] for row in rows]
     has_return = any(math.isfinite(row.get(RETURN_KEY, math.nan)) for row in rows)
     panels = [
-        (RETURN_KEY, "episode return") if has_return else (REWARD_KEY, "reward per step"),
-        (LENGTH_KEY, "episode length (steps)"),
+        ([RETURN_KEY] if has_return else [REWARD_KEY], "episode return" if has_return else "reward per step"),
+        ([LENGTH_KEY], "episode length (steps)"),
     ]
-    figure = Figure(figsize=(7, 6), tight_layout=True)
-    for index, (key, label) in enumerate(panels):
+    terms = largest_reward_terms(rows)
+    if terms:
+        panels.append((terms, "reward terms per step"))
+    figure = Figure(figsize=(7, 3 * len(panels)), tight_layout=True)
+    for index, (keys, label) in enumerate(panels):
         axes = figure.add_subplot(len(panels), 1, index + 1)
-        values = [row.get(key, math.nan) for row in rows]
-        axes.plot(steps, values, color="tab:blue" if index == 0 else "tab:orange")
+        for key in keys:
+            values = [row.get(key, math.nan) for row in rows]
+            color = None if len(keys) > 1 else ("tab:blue" if index == 0 else "tab:orange")
+            axes.plot(steps, values, color=color, label=key[len(REWARD_TERM_PREFIX):] if len(keys) > 1 else None)
+        if len(keys) > 1:
+            axes.legend(fontsize="small", loc="best")
         axes.set_ylabel(label)
         axes.grid(alpha=0.3)
         if index == len(panels) - 1:
@@ -175,46 +221,48 @@ class Runner:
     """Drive ``trainer`` to ``total_steps`` env steps, writing its outputs under ``out_dir``.
 
     Args:
-        trainer: has ``train_iteration() -> dict``, ``state_dict()`` and ``load_state_dict()``.
+        trainer: a :class:`~waddle.algorithms.trainer.Trainer`; each
+            ``train_iteration`` counts ``trainer.steps_per_iteration`` env steps.
         out_dir: output directory (created).
         algo: the algorithm's name, stored in the checkpoint.
         config: the full run configuration (JSON-like), stored in the
             checkpoint and ``config.json``.
         total_steps: env-step budget, counted across resumes.
-        steps_per_iteration: env steps one ``train_iteration`` takes.
         checkpoint_every: iterations between checkpoints.
         plot_every_s: minimum seconds between curve redraws.
         progress: show a tqdm progress bar (on stderr).
+        logger: a TorchRL logger that also gets each row's scalars, at step
+            ``env_steps`` (the caller closes it).
 
     Example:
-        >>> runner = Runner(trainer, "runs/x", algo="ppo", config=config, total_steps=100_000,
-        ...                 steps_per_iteration=8192)  # doctest: +SKIP
+        >>> runner = Runner(trainer, "runs/x", algo="ppo", config=config, total_steps=100_000)  # doctest: +SKIP
         >>> runner.run().status  # doctest: +SKIP
         'finished'
     """
 
     def __init__(
         self,
-        trainer: Any,
+        trainer: Trainer,
         out_dir: str | Path,
         *,
         algo: str,
         config: Mapping[str, Any],
         total_steps: int,
-        steps_per_iteration: int,
         checkpoint_every: int = 10,
         plot_every_s: float = 20.0,
         progress: bool = True,
+        logger: Logger | None = None,
     ) -> None:
         self.trainer = trainer
         self.out_dir = Path(out_dir)
         self.algo = algo
         self.config = dict(config)
         self.total_steps = int(total_steps)
-        self.steps_per_iteration = int(steps_per_iteration)
+        self.steps_per_iteration = int(trainer.steps_per_iteration)
         self.checkpoint_every = int(checkpoint_every)
         self.plot_every_s = float(plot_every_s)
         self.progress = progress
+        self.logger = logger
         self.iteration = 0
         self.env_steps = 0
         self.wall_time_s = 0.0
@@ -302,6 +350,11 @@ class Runner:
                 writer.writeheader()
             writer.writerow(row)
         self.history.append(row)
+        if self.logger is not None:
+            step = int(row["env_steps"])
+            for key, value in row.items():
+                if key not in ("iteration", "env_steps"):
+                    self.logger.log_scalar(key, value, step=step)
 
     # ------------------------------------------------------------------
     # The loop

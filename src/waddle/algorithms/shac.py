@@ -26,11 +26,12 @@ import torch
 from torch import nn
 from torchrl.envs import EnvBase
 
-from waddle.algorithms.apg import (
+from waddle.algorithms.analytic import (
     build_policy_and_collector,
     check_common_config,
     env_dims,
     guarded_step,
+    mean_policy,
     rollout_metrics,
 )
 from waddle.algorithms.targets import horizon_returns, td_lambda_targets
@@ -43,20 +44,20 @@ class SHACConfig:
     """Env steps per iteration; the actor loss backpropagates through all of them."""
     gamma: float = 0.99
     """Discount factor."""
-    lam: float = 0.95
-    """Lambda of the TD(lambda) critic targets (0: one-step TD, 1: Monte Carlo)."""
-    actor_lr: float = 2e-3
+    gae_lambda: float = 0.95
+    """Lambda of the TD(lambda) critic targets, as in GAE (0: one-step TD, 1: Monte Carlo)."""
+    learning_rate: float = 2e-3
     """Adam learning rate of the actor."""
-    critic_lr: float = 2e-3
+    critic_learning_rate: float = 2e-3
     """Adam learning rate of the critic."""
     adam_betas: tuple[float, float] = (0.7, 0.95)
     """Adam betas of both optimisers."""
     max_grad_norm: float = 1.0
     """Clip actor and critic gradients to this global L2 norm; 0 disables clipping."""
-    critic_iterations: int = 16
-    """Epochs of critic regression per iteration."""
-    critic_minibatches: int = 4
-    """Minibatches per critic epoch."""
+    num_epochs: int = 16
+    """Passes of critic regression over each rollout batch."""
+    num_minibatches: int = 4
+    """Minibatches the batch is shuffled into per critic epoch."""
     target_critic_alpha: float = 0.2
     """Polyak weight the target critic keeps: ``target <- alpha target + (1 - alpha) critic``."""
     reward_scale: float = 1.0
@@ -80,17 +81,15 @@ class SHACConfig:
 
     def __post_init__(self) -> None:
         check_common_config(self)
-        if not 0.0 <= self.lam <= 1.0:
-            raise ValueError(f"lam must be in [0, 1], got {self.lam}.")
+        if not 0.0 <= self.gae_lambda <= 1.0:
+            raise ValueError(f"gae_lambda must be in [0, 1], got {self.gae_lambda}.")
         if not 0.0 <= self.target_critic_alpha < 1.0:
             raise ValueError(
                 f"target_critic_alpha must be in [0, 1), got {self.target_critic_alpha}."
             )
-        if self.critic_iterations < 1 or self.critic_minibatches < 1:
-            raise ValueError(
-                "critic_iterations and critic_minibatches must be >= 1, got "
-                f"{self.critic_iterations} and {self.critic_minibatches}."
-            )
+        for name in ("num_epochs", "num_minibatches"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
 
 
 def actor_loss(
@@ -136,6 +135,9 @@ class SHAC:
         env: a differentiable TorchRL env (see :class:`DifferentiableCollector`).
         config: hyperparameters.
         device: device of the networks.
+
+    Attributes:
+        steps_per_iteration: env steps per iteration, ``horizon * num_envs``.
     """
 
     def __init__(
@@ -144,6 +146,7 @@ class SHAC:
         self.env = env
         self.config = config
         self.device = torch.device(device)
+        self.steps_per_iteration = config.horizon * env.batch_size[0]
         self.normalizer, self.actor, self.collector = build_policy_and_collector(env, config, self.device)
         obs_dim, _ = env_dims(env)
         self.critic = mlp(
@@ -151,10 +154,10 @@ class SHAC:
         ).to(self.device)
         self.target_critic = copy.deepcopy(self.critic).requires_grad_(False)
         self.actor_optimizer = torch.optim.Adam(
-            self.actor.parameters(), lr=config.actor_lr, betas=config.adam_betas
+            self.actor.parameters(), lr=config.learning_rate, betas=config.adam_betas
         )
         self.critic_optimizer = torch.optim.Adam(
-            self.critic.parameters(), lr=config.critic_lr, betas=config.adam_betas
+            self.critic.parameters(), lr=config.critic_learning_rate, betas=config.adam_betas
         )
         self.iteration = 0
 
@@ -192,14 +195,14 @@ class SHAC:
                 terminated,
                 rollout.dones,
                 cfg.gamma,
-                cfg.lam,
+                cfg.gae_lambda,
             )
             b_obs = self._normalize(rollout.observations.detach())[alive]
             b_targets = targets[alive]
         critic_losses, critic_skipped = [], 0.0
-        for _ in range(cfg.critic_iterations):
+        for _ in range(cfg.num_epochs):
             order = torch.randperm(b_obs.shape[0], device=b_obs.device)
-            for mb_idx in order.chunk(cfg.critic_minibatches):
+            for mb_idx in order.chunk(cfg.num_minibatches):
                 mb_loss = critic_loss(self.critic(b_obs[mb_idx]).squeeze(-1), b_targets[mb_idx])
                 step = guarded_step(
                     mb_loss, self.critic_optimizer, self.critic.parameters(), cfg.max_grad_norm
@@ -226,6 +229,10 @@ class SHAC:
             "perf/actor_update_s": actor_time,
             "perf/critic_update_s": critic_time,
         }
+
+    def deterministic_policy(self) -> nn.Module:
+        """The actor's mean action, clamped to the action bounds, behind the normaliser."""
+        return mean_policy(self.actor, self.normalizer, self.env)
 
     def state_dict(self) -> dict:
         return {

@@ -73,7 +73,9 @@ def random_observations(policy: torch.nn.Module, observation_dim: int, samples: 
     """Observations drawn around the policy's normaliser statistics (standard normal without one)."""
     generator = torch.Generator().manual_seed(seed)
     noise = torch.randn(samples, observation_dim, generator=generator)
-    normalizer = next((m for m in policy.modules() if hasattr(m, "mean") and hasattr(m, "var")), None)
+    from waddle.modules.normalizer import RunningNormalizer
+
+    normalizer = next((m for m in policy.modules() if isinstance(m, RunningNormalizer)), None)
     if normalizer is None:
         return noise
     return normalizer.mean + 2.0 * noise * torch.sqrt(normalizer.var + normalizer.eps)
