@@ -72,3 +72,17 @@ STANDING_HEIGHT: float = 0.12
 
 TOTAL_MASS: float = 0.737
 """Total robot mass in kg (sum of the reference inertials, 0.7372 kg)."""
+
+# Gait prior patterns: joint offsets per radian of amplitude, in JOINT_NAMES order.
+# Read off the model's kinematics (tests/envs/microduck/test_gait_prior.py checks
+# them there): in the sagittal plane the sole stays level while
+# hip_pitch - knee + ankle is constant, and the right leg's pitch axes point
+# the other way from the left's.
+SWING_LIFT_LEFT: tuple[float, ...] = (0, 0, 1, 2, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+"""Shortens the left leg, sole level: about 5 cm of foot lift per radian."""
+
+SWING_LIFT_RIGHT: tuple[float, ...] = (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, -1, -2, -1)
+"""Shortens the right leg, sole level: the mirror of :data:`SWING_LIFT_LEFT`."""
+
+STRIDE: tuple[float, ...] = (0, 0, 1, 0, -1, 0, 0, 0, 0, 0, 0, 1, 0, -1)
+"""Swings the left foot back and the right foot forward (about 7 cm per radian), soles level."""

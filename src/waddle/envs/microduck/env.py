@@ -18,8 +18,9 @@ previous action        14   the action applied by the last step
 ====================  ====  ===================================================
 
 The action is a normalized offset in ``[-1, 1]^14`` around the STAND
-actuator targets: ``ctrl = stand_ctrl + action_scale * action``, held for
-``CONTROL_DT`` = 0.02 s (50 Hz, 10 physics substeps). Actions outside the
+actuator targets plus the task's gait prior (zero unless the task sets one:
+the walking presets do): ``ctrl = stand_ctrl + gait_prior + action_scale *
+action``, held for ``CONTROL_DT`` = 0.02 s (50 Hz, 10 physics substeps). Actions outside the
 action space are clipped to it, as the bounded action spec says; with
 ``diagnostics=True`` the fraction of clipped entries is reported.
 """
@@ -198,6 +199,9 @@ class MicroDuckEnv(MujocoEnv):
         as_tensor = lambda array: torch.as_tensor(array.copy(), dtype=self.dtype, device=self.device)  # noqa: E731
         self._home_qpos = as_tensor(key.qpos)
         self._home_ctrl = as_tensor(key.ctrl)
+        pattern = lambda rows: torch.tensor(rows, dtype=self.dtype, device=self.device)  # noqa: E731
+        self._swing_lift = pattern((constants.SWING_LIFT_LEFT, constants.SWING_LIFT_RIGHT))
+        self._stride = pattern(constants.STRIDE)
         self._standing_height = float(key.qpos[2])
 
     def _allocate_episode_state(self) -> None:
@@ -275,6 +279,30 @@ class MicroDuckEnv(MujocoEnv):
         phase = self.GAIT_PHASE_OFFSET + 2.0 * math.pi * frequency * elapsed
         ramp = (elapsed / self.GAIT_RAMP_DURATION_S).clamp(max=1.0)
         return phase, ramp
+
+    def gait_prior(self) -> torch.Tensor:
+        """The ``(num_envs, 14)`` actuator-target offset the task's gait prior adds this step.
+
+        An open-loop stepping pattern on the gait clock that the policy's action
+        corrects (a residual policy): the clock's swing leg is shortened by
+        ``gait_prior_lift * max(0, sin(phase))`` radians along
+        :data:`~waddle.envs.microduck.constants.SWING_LIFT_LEFT` (``max(0,
+        -sin(phase))`` along ``SWING_LIFT_RIGHT``), and the hips swing by
+        ``gait_prior_stride_per_mps * vx * cos(phase)`` along
+        :data:`~waddle.envs.microduck.constants.STRIDE`, so the swing foot moves
+        forward while the stance foot pushes back. Both grow in with the clock's
+        ramp after a reset; a backward command mirrors the swing legs, as the
+        gait terms do. The phase and command are in the observation, so the
+        policy sees everything the prior depends on.
+        """
+        task = self._episode_task
+        phase, ramp = self._gait_clock()
+        direction = torch.where(self._command[:, 0] < 0, -1.0, 1.0).to(self.dtype)
+        swing = direction * torch.sin(phase)
+        lift = (task.gait_prior_lift * ramp).unsqueeze(-1)
+        lifts = torch.stack((swing.clamp(min=0.0), (-swing).clamp(min=0.0)), dim=-1) * lift
+        stride = task.gait_prior_stride_per_mps * self._command[:, 0] * torch.cos(phase) * ramp
+        return lifts @ self._swing_lift + stride.unsqueeze(-1) * self._stride
 
     def _observation(self, qpos: torch.Tensor, qvel: torch.Tensor) -> torch.Tensor:
         quaternion = qpos[:, 3:7]
@@ -410,7 +438,7 @@ class MicroDuckEnv(MujocoEnv):
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
         action = self._checked_action(tensordict["action"])
         clipped = action.clamp(-1.0, 1.0)
-        self.physics.step(self._home_ctrl + self.action_scale * clipped)
+        self.physics.step(self._home_ctrl + self.gait_prior() + self.action_scale * clipped)
         qpos, qvel = self.physics.qpos, self.physics.qvel
         nonfinite = ~(torch.isfinite(qpos).all(-1) & torch.isfinite(qvel).all(-1))
         diverged = getattr(self.physics, "diverged", None)

@@ -69,6 +69,8 @@ RESERVED_PARAM_NAMES = frozenset(
         "joint_reset_noise_scale",
         "gait_frequency_hz",
         "gait_frequency_per_mps",
+        "gait_prior_lift",
+        "gait_prior_stride_per_mps",
     }
 )
 """Names a task already uses for its own fields; ``make_task`` overrides share one namespace."""

@@ -48,6 +48,12 @@ POSE_STD_STANDING = 0.1
 POSE_STD_MOVING = 0.5
 """Loose pose Gaussian for walking and hopping, which need the legs to move."""
 
+GAIT_PRIOR_LIFT = 0.25
+"""Leg-shortening amplitude, radians at the hip, of the walking presets' gait prior (about 1.3 cm of foot lift)."""
+
+GAIT_PRIOR_STRIDE_PER_MPS = 1.0
+"""Hip swing amplitude, radians per m/s of forward command, of the walking presets' gait prior."""
+
 HOP_FREQUENCY_HZ = 2.0
 """Clock of the jump task: the beat ``hop_rhythm`` follows."""
 
@@ -60,12 +66,20 @@ JUMP_REWARD_WEIGHTS: dict[str, float] = {
 }
 """Weights the jump preset sets on top of the registered defaults (gait terms are off too)."""
 
+WALKING_PRIOR: dict[str, float] = {
+    "gait_prior_lift": GAIT_PRIOR_LIFT,
+    "gait_prior_stride_per_mps": GAIT_PRIOR_STRIDE_PER_MPS,
+}
+"""The gait prior the walking presets (tracking, speed range, sidestep) switch on."""
+
 TASK_FIELDS: dict[str, Any] = {
     "warm_start_velocity": (0.0, 0.0),
     "warm_start_fraction": 0.0,
     "joint_reset_noise_scale": JOINT_RESET_NOISE_SCALE,
     "gait_frequency_hz": GAIT_FREQUENCY_HZ,
     "gait_frequency_per_mps": 0.0,
+    "gait_prior_lift": 0.0,
+    "gait_prior_stride_per_mps": 0.0,
 }
 """Reset and clock fields :func:`make_task` accepts by name, with their defaults."""
 
@@ -93,6 +107,11 @@ class MicroDuckTask:
             added to the joint positions at reset.
         gait_frequency_hz: gait clock frequency at zero command.
         gait_frequency_per_mps: clock frequency added per m/s of command speed.
+        gait_prior_lift: amplitude in radians of the leg shortening the gait
+            prior adds to the clock's swing leg (0: no prior); see
+            :meth:`~waddle.envs.microduck.MicroDuckEnv.gait_prior`.
+        gait_prior_stride_per_mps: hip swing amplitude of the gait prior in
+            radians per m/s of forward command.
         reward_weights: one weight per registered term, in the order of
             :data:`~waddle.envs.microduck.rewards.REWARD_TERMS`, shape
             ``(num_terms,)``. An all-zero row gives zero reward.
@@ -109,6 +128,8 @@ class MicroDuckTask:
     joint_reset_noise_scale: torch.Tensor
     gait_frequency_hz: torch.Tensor
     gait_frequency_per_mps: torch.Tensor
+    gait_prior_lift: torch.Tensor
+    gait_prior_stride_per_mps: torch.Tensor
     reward_weights: torch.Tensor
     params: TensorDict
     weight: torch.Tensor
@@ -172,6 +193,10 @@ def make_task(
         joint_reset_noise_scale=_as_float(fields["joint_reset_noise_scale"], (), "joint_reset_noise_scale", name),
         gait_frequency_hz=_as_float(fields["gait_frequency_hz"], (), "gait_frequency_hz", name),
         gait_frequency_per_mps=_as_float(fields["gait_frequency_per_mps"], (), "gait_frequency_per_mps", name),
+        gait_prior_lift=_as_float(fields["gait_prior_lift"], (), "gait_prior_lift", name),
+        gait_prior_stride_per_mps=_as_float(
+            fields["gait_prior_stride_per_mps"], (), "gait_prior_stride_per_mps", name
+        ),
         reward_weights=torch.stack(weight_row),
         params=TensorDict({key: _as_float(value, (), key, name) for key, value in params.items()}, batch_size=[]),
         weight=_as_float(weight, (), "weight", name),
@@ -209,7 +234,7 @@ def tracking_task(
         (speed, 0.0),
         weight=weight,
         reward_weights=reward_weights,
-        **{"name": f"tracking{speed:+.2f}", "pose_std": POSE_STD_MOVING, **overrides},
+        **{"name": f"tracking{speed:+.2f}", "pose_std": POSE_STD_MOVING, **WALKING_PRIOR, **overrides},
     )
 
 
@@ -254,6 +279,7 @@ def speed_range_task(
             "gait_frequency_hz": 1.0,
             "gait_frequency_per_mps": 5.0,
             "pose_std": POSE_STD_MOVING,
+            **WALKING_PRIOR,
             **overrides,
         },
     )
@@ -278,7 +304,7 @@ def sidestep_task(
         (0.0, speed),
         weight=weight,
         reward_weights=reward_weights,
-        **{"name": f"sidestep{speed:+.2f}", "pose_std": POSE_STD_MOVING, **overrides},
+        **{"name": f"sidestep{speed:+.2f}", "pose_std": POSE_STD_MOVING, **WALKING_PRIOR, **overrides},
     )
 
 
@@ -382,7 +408,7 @@ def _check_rows(rows: MicroDuckTask) -> None:
     _check_registry(rows.reward_weights.shape[-1], set(rows.params.keys()), _names(rows))
     shapes = {"command_low": (2,), "command_high": (2,), "warm_start_velocity": (2,), "weight": ()}
     shapes.update(dict.fromkeys(("warm_start_fraction", "joint_reset_noise_scale", "gait_frequency_hz"), ()))
-    shapes.update(gait_frequency_per_mps=())
+    shapes.update(gait_frequency_per_mps=(), gait_prior_lift=(), gait_prior_stride_per_mps=())
     for field, shape in shapes.items():
         got = tuple(getattr(rows, field).shape[1:])
         if got != shape:
@@ -401,6 +427,8 @@ def _check_rows(rows: MicroDuckTask) -> None:
     _require(rows, rows.joint_reset_noise_scale >= 0, "joint_reset_noise_scale must be >= 0")
     _require(rows, rows.gait_frequency_hz > 0, "gait_frequency_hz must be > 0")
     _require(rows, rows.gait_frequency_per_mps >= 0, "gait_frequency_per_mps must be >= 0")
+    _require(rows, rows.gait_prior_lift >= 0, "gait_prior_lift must be >= 0")
+    _require(rows, rows.gait_prior_stride_per_mps >= 0, "gait_prior_stride_per_mps must be >= 0")
     _require(rows, rows.weight >= 0, "weight must be >= 0")
     bad_names = [name for name in _names(rows) if not isinstance(name, str) or not name]
     if bad_names:
