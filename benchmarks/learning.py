@@ -1,13 +1,18 @@
 """How fast waddle learns MicroDuck: wall-clock minutes and env steps to a behaviour.
 
-Three measurements, each from scratch, on the embedded model:
+Four measurements, each from scratch, on the embedded model:
 
 * ``standing`` - PPO, native backend: until the standing task holds a mean
   episode length of at least 450 of 500 steps (target: within 10 minutes on
   2 CPU cores);
-* ``walking`` - PPO, native backend: until ``tracking_task(0.2)`` holds a mean
-  forward body-frame speed within 0.05 m/s of 0.2 over full episodes
-  (target: within 60 minutes);
+* ``walk`` - ``waddle train --task walk`` with its defaults (PPO, 256 envs,
+  the default step budget), for each of ``--seeds``: the minutes and env steps
+  until the deterministic policy holds its 0.2 m/s command (forward speed of
+  the envs that did not fall within 0.05 m/s, at least 98 % survival), then,
+  at the end of the budget, ``waddle eval``'s figures over 1000-step (20 s)
+  episodes;
+* ``speed-range`` - the same for ``--task speed-range``, per command 0.1, 0.2
+  and 0.3 m/s (tolerance 0.03 m/s);
 * ``shac`` - SHAC, MJX backend: env steps until the standing return of the
   PPO policy from ``standing`` is reached (target: at least 10x fewer env
   steps than PPO took).
@@ -22,8 +27,8 @@ training only; evaluation time is reported apart.
 
 Usage::
 
-    python benchmarks/learning.py                   # standing, walking, shac
-    python benchmarks/learning.py --parts standing walking --json results.json
+    python benchmarks/learning.py                   # standing, walk, speed-range, shac
+    python benchmarks/learning.py --parts walk --seeds 0 1 2 --json results.json
     python benchmarks/learning.py --parts shac --ppo-standing 56.85 262144  # reuse a standing figure
 """
 
@@ -38,14 +43,13 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from waddle.algorithms.evaluation import EvaluationResult, evaluate
+from waddle.algorithms.evaluation import EvaluationResult, evaluate, task_commands
 from waddle.algorithms.ppo import PPO, PPOConfig
-from waddle.algorithms.presets import WALK_SPEED, make_env
+from waddle.algorithms.presets import make_env
+from waddle.algorithms.runner import TrainConfig
 
 STANDING_LENGTH = 450
 """Mean episode length (of 500) the standing criterion asks for."""
-SPEED_TOLERANCE = 0.05
-"""Walking: allowed |mean forward speed - 0.2| in m/s."""
 
 
 @dataclass
@@ -78,11 +82,6 @@ def format_outcome(o: Outcome) -> str:
 
 def standing_holds(result: EvaluationResult) -> bool:
     return result.mean_episode_length >= STANDING_LENGTH
-
-
-def walking_holds(result: EvaluationResult) -> bool:
-    on_speed = abs(result.mean_forward_speed - WALK_SPEED) <= SPEED_TOLERANCE
-    return result.mean_episode_length >= STANDING_LENGTH and on_speed
 
 
 def train_until(
@@ -143,20 +142,89 @@ def ppo_part(part: str, task: str, args: argparse.Namespace, holds) -> tuple[Out
         length = metrics["charts/episode_length"]
         return math.isfinite(length) and length >= STANDING_LENGTH
 
-    def never(metrics: dict) -> bool:
-        return False
-
-    # Walking: the training statistics say nothing about speed, and once the
-    # robot stops falling "may hold" would evaluate after every iteration
-    # (an evaluation costs about three iterations); check every eval_every.
-    if part == "standing":
-        limit, eval_every, trigger = args.standing_minutes, 10**9, may_hold
-    else:
-        limit, eval_every, trigger = args.walking_minutes, args.eval_every, never
     return train_until(
         part, trainer, eval_env, holds, steps_per_iteration=trainer.steps_per_iteration,
-        minutes_limit=limit, may_hold=trigger, eval_every=eval_every,
+        minutes_limit=args.standing_minutes, may_hold=may_hold, eval_every=10**9,
     )
+
+
+COMMAND_TOLERANCE = {"walk": 0.05, "speed-range": 0.03}
+"""Allowed |forward speed - command|, m/s, per walking part (the issue's targets)."""
+MIN_SURVIVAL = 0.98
+"""Walking: fraction of evaluation episodes that must not fall."""
+
+
+@dataclass
+class CommandOutcome:
+    """One seed's figures for one command of a walking part."""
+
+    part: str
+    seed: int
+    command: float
+    reached: bool
+    minutes: float
+    env_steps: int
+    final: dict = field(default_factory=dict)
+
+
+WALK_HEADER = (
+    f"{'part':<12} {'seed':>4} {'cmd':>5} {'reached':>7} {'minutes':>7} {'env steps':>10} | {'survival':>8} "
+    f"{'forward':>7} {'|err|':>6} {'lateral':>7} {'yaw':>5} {'p95':>5} {'clear cm':>8} {'steps/s':>7}"
+)
+
+
+def format_command_outcome(o: CommandOutcome) -> str:
+    f = o.final
+    reached = (f"{'yes':>7} {o.minutes:>7.1f} {o.env_steps:>10,}" if o.reached else f"{'no':>7} {'':>7} {'':>10}")
+    figures = (
+        f"{100 * (1 - f['fall_rate']):>8.1f} {f['mean_forward_speed']:>7.3f} "
+        f"{abs(f['mean_forward_speed'] - o.command):>6.3f} {f['mean_lateral_speed']:>7.3f} "
+        f"{f['yaw_drift_deg']:>5.1f} {f['yaw_drift_p95_deg']:>5.1f} {100 * f['foot_clearance']:>8.2f} "
+        f"{f['step_frequency_hz']:>7.2f}"
+        if f else "(no final evaluation)"
+    )
+    return f"{o.part:<12} {o.seed:>4} {o.command:>5.2f} {reached} | {figures}"
+
+
+def walk_part(part: str, seed: int, args: argparse.Namespace) -> list[CommandOutcome]:
+    """Train ``--task part`` with ``waddle train``'s defaults; time each command's first hold, then evaluate."""
+    torch.manual_seed(seed)
+    env = make_env(part, num_envs=args.num_envs, seed=seed)
+    trainer = PPO(env, PPOConfig())
+    commands = [command for command, _ in task_commands(env.tasks)]
+    tolerance = COMMAND_TOLERANCE[part]
+    budget = args.walk_steps or TrainConfig().total_steps
+    check_env = make_env(part, num_envs=args.eval_envs, seed=seed + 1000)
+
+    def evaluate_all(eval_env, max_steps):
+        policy = trainer.deterministic_policy()
+        return {c: evaluate(eval_env, policy, command=(c, 0.0), max_steps=max_steps) for c in commands}
+
+    first: dict[float, tuple[float, int]] = {}
+    train_s, iteration, env_steps = 0.0, 0, 0
+    while env_steps < budget and train_s < 60.0 * args.walking_minutes:
+        start = time.perf_counter()
+        trainer.train_iteration()
+        train_s += time.perf_counter() - start
+        iteration += 1
+        env_steps = iteration * trainer.steps_per_iteration
+        if iteration % args.eval_every == 0:
+            results = evaluate_all(check_env, 500)
+            shown = ", ".join(
+                f"{c:.2f}: {r.mean_forward_speed:.3f} m/s {100 * r.survival:.0f}%" for c, r in results.items()
+            )
+            print(f"  [{part} seed {seed}] {train_s / 60:5.1f} min {env_steps:>10,} steps  {shown}", flush=True)
+            for c, r in results.items():
+                if c not in first and r.survival >= MIN_SURVIVAL and abs(r.mean_forward_speed - c) <= tolerance:
+                    first[c] = (train_s / 60.0, env_steps)
+    final_env = make_env(part, num_envs=args.eval_envs, seed=seed + 2000, max_episode_steps=1000)
+    finals = evaluate_all(final_env, 1000)
+    outcomes = []
+    for c in commands:
+        minutes, steps = first.get(c, (train_s / 60.0, env_steps))
+        outcomes.append(CommandOutcome(part, seed, c, c in first, minutes, steps, finals[c].as_dict()))
+        print(f"  done: {format_command_outcome(outcomes[-1])}", flush=True)
+    return outcomes
 
 
 def shac_part(args: argparse.Namespace, target_return: float, ppo_steps: int) -> Outcome:
@@ -182,14 +250,18 @@ def shac_part(args: argparse.Namespace, target_return: float, ppo_steps: int) ->
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parts = ["standing", "walking", "shac"]
+    parts = ["standing", "walk", "speed-range", "shac"]
     parser.add_argument("--parts", nargs="+", choices=parts, default=parts)
     parser.add_argument("--num-envs", type=int, default=256, help="PPO envs")
     parser.add_argument("--shac-envs", type=int, default=64, help="SHAC envs (MJX)")
     parser.add_argument("--eval-envs", type=int, default=32, help="envs (one episode each) per evaluation")
-    parser.add_argument("--eval-every", type=int, default=10, help="walking/SHAC: also evaluate every N iterations")
+    parser.add_argument("--eval-every", type=int, default=20, help="walking/SHAC: evaluate every N iterations")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="walk, speed-range: one run per seed")
+    parser.add_argument(
+        "--walk-steps", type=int, default=None, help="walk, speed-range: env steps per run (default: waddle train's)"
+    )
     parser.add_argument("--standing-minutes", type=float, default=20.0, help="give up standing after this long")
-    parser.add_argument("--walking-minutes", type=float, default=90.0, help="give up walking after this much training")
+    parser.add_argument("--walking-minutes", type=float, default=60.0, help="stop a walking run after this much training")
     parser.add_argument("--shac-minutes", type=float, default=60.0, help="give up SHAC after this much training")
     parser.add_argument(
         "--ppo-standing", nargs=2, type=float, metavar=("RETURN", "STEPS"),
@@ -211,8 +283,11 @@ def main() -> None:
         outcomes.append(standing)
         if standing.reached:
             target = (standing.evaluation["mean_return"], standing.env_steps)
-    if "walking" in args.parts:
-        outcomes.append(ppo_part("walking", "walk", args, walking_holds)[0])
+    walking: list[CommandOutcome] = []
+    for part in ("walk", "speed-range"):
+        if part in args.parts:
+            for seed in args.seeds:
+                walking.extend(walk_part(part, seed, args))
     if "shac" in args.parts:
         if target is not None:
             outcomes.append(shac_part(args, *target))
@@ -221,12 +296,19 @@ def main() -> None:
             outcomes.append(Outcome("shac", False, 0.0, 0, 0, 0.0, note=note))
 
     print(f"\nload average at the end: {os.getloadavg()[0]:.1f} (figures scale with how busy the cores were)")
-    print(HEADER)
-    for o in outcomes:
-        print(format_outcome(o))
+    if outcomes:
+        print(HEADER)
+        for o in outcomes:
+            print(format_outcome(o))
+    if walking:
+        print("walking: time to hold each command (forward speed of standing envs within tolerance, >= 98% survival),")
+        print("then the figures of 1000-step episodes at the end of the run (speeds, drift: envs that did not fall)")
+        print(WALK_HEADER)
+        for o in walking:
+            print(format_command_outcome(o))
     if args.json:
         with open(args.json, "w") as file:
-            json.dump([asdict(o) for o in outcomes], file, indent=2)
+            json.dump({"outcomes": [asdict(o) for o in outcomes], "walking": [asdict(o) for o in walking]}, file, indent=2)
 
 
 if __name__ == "__main__":

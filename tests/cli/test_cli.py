@@ -149,11 +149,28 @@ def test_fresh_run_refuses_to_overwrite(trained, capsys):
     assert "pass --resume" in capsys.readouterr().err
 
 
-def test_eval_prints_its_metrics(trained, capsys):
+def _table_rows(out: str) -> list[list[str]]:
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if "command vx,vy" in line) + 2  # header and units
+    return [line.split() for line in lines[start:] if line.strip() and not line.startswith("video")]
+
+
+def test_eval_prints_one_row_per_command(trained, capsys):
     assert main(["eval", str(trained / "checkpoint.pt"), "--episodes", "2", "--max-steps", "50"]) == 0
     out = capsys.readouterr().out
-    for label in ("mean return", "mean episode length", "velocity tracking error", "fall rate"):
+    for label in ("survival", "forward", "lateral", "yaw drift", "clearance", "steps/s"):
         assert label in out
+    rows = _table_rows(out)
+    assert [row[0] for row in rows] == ["+0.00,+0.00"]  # the standing task's one command
+    assert 0.0 <= float(rows[0][1]) <= 100.0
+    assert main(["eval", str(trained), "--episodes", "2", "--max-steps", "30", "--command", "0.1", "-0.05"]) == 0
+    rows = _table_rows(capsys.readouterr().out)
+    assert [row[0] for row in rows] == ["+0.10,-0.05"]
+
+
+def test_eval_refuses_a_non_finite_command(trained, capsys):
+    assert main(["eval", str(trained), "--command", "nan", "0"]) == 2
+    assert "--command must be two finite speeds" in capsys.readouterr().err
 
 
 @pytest.mark.rendering

@@ -3,18 +3,22 @@
 Every trainer's ``deterministic_policy()`` (see :class:`~waddle.algorithms.trainer.Trainer`)
 is one ``observation -> action`` module with its observation normaliser inside;
 :func:`policy_from_checkpoint` rebuilds it from a checkpoint, and :func:`evaluate`
-runs it for one full episode in each env of a batch and reports return, episode
-length, velocity-tracking error and fall rate.
+runs it for one episode in each env of a batch under one command and reports
+what a locomotion policy is judged on: survival, speeds, yaw drift, foot
+clearance and step frequency; :func:`task_commands` lists the commands of a
+task library.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from tensordict import TensorDict
 from torch import nn
 from torchrl.envs import EnvBase
 
@@ -47,7 +51,7 @@ def policy_from_checkpoint(
 
 @dataclass(frozen=True)
 class EvaluationResult:
-    """What ``waddle eval`` prints; means over one episode per env."""
+    """What ``waddle eval`` prints for one command: one episode per env, cut at ``max_steps``."""
 
     episodes: int
     """Number of episodes (one per env)."""
@@ -58,12 +62,46 @@ class EvaluationResult:
     velocity_tracking_error: float
     """Mean over all steps of |planar body velocity - command|, m/s."""
     mean_forward_speed: float
-    """Mean over episodes of the episode's mean forward body-frame speed, m/s."""
+    """Mean over the episodes that did not fall of the episode's mean forward body-frame speed, m/s."""
+    mean_lateral_speed: float
+    """As ``mean_forward_speed``, for the lateral (leftward) body-frame speed."""
     fall_rate: float
     """Fraction of episodes that ended by falling rather than by the time limit."""
+    yaw_drift_deg: float
+    """Mean over the episodes that did not fall of |heading change| from reset to the end, degrees."""
+    yaw_drift_p95_deg: float
+    """95th percentile of the same."""
+    foot_clearance: float
+    """Mean peak height of a swing foot above its height at reset, over every completed swing, m."""
+    step_frequency_hz: float
+    """Touchdowns per second (both feet counted) in the episodes that did not fall."""
+    command: tuple[float, float] | None = None
+    """The planar command every env was reset with, when one was pinned."""
 
-    def as_dict(self) -> dict[str, float]:
+    @property
+    def survival(self) -> float:
+        """Fraction of episodes that did not fall."""
+        return 1.0 - self.fall_rate
+
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def task_commands(tasks: Any) -> list[tuple[float, float]]:
+    """The commands ``waddle eval`` runs for a task library, in library order, without repeats.
+
+    A task with a fixed command gives that command; a task with a command box
+    gives its low corner, its centre and its high corner (0.1, 0.2 and 0.3
+    m/s for the ``speed-range`` task).
+    """
+    commands: list[tuple[float, float]] = []
+    for low, high in zip(tasks.command_low.tolist(), tasks.command_high.tolist()):
+        corners = [low] if low == high else [low, [(a + b) / 2 for a, b in zip(low, high)], high]
+        for corner in corners:
+            command = (round(corner[0], 6), round(corner[1], 6))
+            if command not in commands:
+                commands.append(command)
+    return commands
 
 
 @torch.no_grad()
@@ -71,16 +109,21 @@ def evaluate(
     env: EnvBase,
     policy: nn.Module,
     *,
+    command: tuple[float, float] | None = None,
     video_path: str | Path | None = None,
     video_size: tuple[int, int] = (320, 240),
     max_steps: int | None = None,
 ) -> EvaluationResult:
-    """Run ``policy`` until every env of ``env`` has finished one episode.
+    """Run ``policy`` until every env of ``env`` has finished one episode or ``max_steps`` steps.
 
     Args:
-        env: a MicroDuck env (its observation carries the body velocity at
-            ``BODY_VELOCITY_START`` and a ``"command"`` entry).
+        env: a MicroDuck env, or any env with its observation layout
+            (``BODY_VELOCITY_START``, a ``"command"`` entry) and its
+            ``foot_heights()``, ``foot_contacts()``, ``heading()`` and
+            ``control_dt``.
         policy: ``observation -> action``.
+        command: pin this planar command at reset in every env (it must lie
+            in each env's task box); by default each env draws its own.
         video_path: when given, film env 0's episode from the env's camera
             (``"track"``) to this mp4 file at the control rate.
         video_size: ``(width, height)`` of the video.
@@ -91,14 +134,17 @@ def evaluate(
     """
     num_envs = env.batch_size[0]
     max_steps = int(max_steps or getattr(env, "max_episode_steps", 1000))
-    velocity_start = getattr(env, "BODY_VELOCITY_START", 6)
+    velocity_start = env.BODY_VELOCITY_START
     device = next(iter(policy.buffers()), torch.zeros(())).device
-    episode_return = torch.zeros(num_envs)
-    episode_length = torch.zeros(num_envs, dtype=torch.long)
-    tracking_error_sum = torch.zeros(num_envs)
-    forward_speed_sum = torch.zeros(num_envs)
-    fell = torch.zeros(num_envs, dtype=torch.bool)
+    zeros = lambda *shape, dtype=torch.float32: torch.zeros(*shape, dtype=dtype)  # noqa: E731
+    episode_return, tracking_error_sum = zeros(num_envs), zeros(num_envs)
+    velocity_sum = zeros(num_envs, 2)
+    episode_length = zeros(num_envs, dtype=torch.long)
+    fell = zeros(num_envs, dtype=torch.bool)
     running = torch.ones(num_envs, dtype=torch.bool)
+    yaw_drift = zeros(num_envs)
+    touchdowns = zeros(num_envs)
+    clearance_sum, clearance_count = 0.0, 0
 
     frames, renderer = [], None
     if video_path is not None:
@@ -107,7 +153,15 @@ def evaluate(
         renderer = BatchRenderer(env.model, width=video_size[0], height=video_size[1])
         camera = getattr(env, "camera_id", None)
 
-    td = env.reset()
+    reset_td = None
+    if command is not None:
+        pinned = torch.tensor([command], dtype=torch.float32).expand(num_envs, 2)
+        reset_td = TensorDict(command=pinned.to(env.device), batch_size=env.batch_size, device=env.device)
+    td = env.reset(reset_td)
+    yaw = env.heading().float().cpu()
+    rest_height = env.foot_heights().float().cpu()
+    contacts = env.foot_contacts().cpu()
+    swing_peak = torch.where(contacts, torch.zeros_like(rest_height), env.foot_heights().float().cpu())
     try:
         for _ in range(max_steps):
             if renderer is not None and running[0]:
@@ -115,35 +169,59 @@ def evaluate(
             action = policy(td["observation"].to(device)).to(env.device)
             td = env.step(td.set("action", action))
             out = td["next"]
-            velocity = out["observation"][:, velocity_start : velocity_start + 2].cpu()
-            command = out["command"].cpu()
-            reward = out["reward"].reshape(num_envs).cpu()
+            velocity = out["observation"][:, velocity_start : velocity_start + 2].float().cpu()
+            reward = out["reward"].reshape(num_envs).float().cpu()
             done = out["done"].reshape(num_envs).cpu()
             terminated = out["terminated"].reshape(num_envs).cpu()
+            error = (velocity - out["command"].float().cpu()).norm(dim=-1)
 
-            episode_return += torch.where(running, reward, torch.zeros_like(reward))
+            episode_return += torch.where(running, reward, 0.0)
             episode_length += running.long()
-            tracking_error_sum += torch.where(running, (velocity - command).norm(dim=-1), torch.zeros(num_envs))
-            forward_speed_sum += torch.where(running, velocity[:, 0], torch.zeros(num_envs))
+            tracking_error_sum += torch.where(running, error, 0.0)
+            velocity_sum += torch.where(running.unsqueeze(-1), velocity, 0.0)
+
+            new_yaw = env.heading().float().cpu()
+            turn = torch.remainder(new_yaw - yaw + math.pi, 2 * math.pi) - math.pi
+            yaw_drift += torch.where(running & ~terminated, turn, 0.0)
+            yaw = new_yaw
+            heights, new_contacts = env.foot_heights().float().cpu(), env.foot_contacts().cpu()
+            landed = new_contacts & ~contacts & running.unsqueeze(-1) & ~terminated.unsqueeze(-1)
+            touchdowns += landed.sum(-1)
+            clearance_sum += float((swing_peak - rest_height)[landed].sum())
+            clearance_count += int(landed.sum())
+            swing_peak = torch.where(new_contacts, torch.zeros_like(heights), torch.maximum(swing_peak, heights))
+            contacts = new_contacts
+
             fell |= running & terminated
             running &= ~done
             if not running.any():
                 break
-            td = td["next"].exclude("reward", "done", "terminated", "truncated")
+            td = out.exclude("reward", "done", "terminated", "truncated")
     finally:
         if renderer is not None:
             renderer.close()
     if video_path is not None:
-        write_video(video_path, frames, fps=round(1.0 / getattr(env, "control_dt", 0.02)))
+        write_video(video_path, frames, fps=round(1.0 / env.control_dt))
 
     lengths = episode_length.clamp_min(1).float()
+    standing = ~fell
+    mean_velocity = velocity_sum / lengths.unsqueeze(-1)
+    drift_deg = torch.rad2deg(yaw_drift.abs())[standing]
+    seconds = lengths[standing] * env.control_dt
+    nan = float("nan")
     return EvaluationResult(
         episodes=num_envs,
         mean_return=float(episode_return.mean()),
         mean_episode_length=float(episode_length.float().mean()),
         velocity_tracking_error=float(tracking_error_sum.sum() / lengths.sum()),
-        mean_forward_speed=float((forward_speed_sum / lengths).mean()),
+        mean_forward_speed=float(mean_velocity[standing, 0].mean()) if standing.any() else nan,
+        mean_lateral_speed=float(mean_velocity[standing, 1].mean()) if standing.any() else nan,
         fall_rate=float(fell.float().mean()),
+        yaw_drift_deg=float(drift_deg.mean()) if standing.any() else nan,
+        yaw_drift_p95_deg=float(torch.quantile(drift_deg, 0.95)) if standing.any() else nan,
+        foot_clearance=clearance_sum / clearance_count if clearance_count else nan,
+        step_frequency_hz=float((touchdowns[standing] / seconds).mean()) if standing.any() else nan,
+        command=None if command is None else (float(command[0]), float(command[1])),
     )
 
 
@@ -164,4 +242,4 @@ def film(env: EnvBase, policy: nn.Module, path: str | Path, *, frames: int = 250
             images.append(renderer.render(env.physics.qpos[:1], camera=getattr(env, "camera_id", None))[0].numpy())
             action = policy(td["observation"].to(device)).to(env.device)
             _, td = env.step_and_maybe_reset(td.set("action", action))
-    write_video(path, images, fps=round(1.0 / getattr(env, "control_dt", 0.02)))
+    write_video(path, images, fps=round(1.0 / env.control_dt))

@@ -89,6 +89,7 @@ def make_env(
     backend: str = "mujoco",
     differentiable: bool = False,
     device: torch.device | str = "cpu",
+    command: tuple[float, float] | None = None,
     **kwargs: Any,
 ) -> MicroDuckEnv:
     """The MicroDuck env of ``--task`` ``task`` on ``backend``.
@@ -101,6 +102,10 @@ def make_env(
         differentiable: build it with ``requires_grad=True`` (needs a
             backend in :data:`DIFFERENTIABLE_BACKENDS`).
         device: torch device of the env.
+        command: when given, every task of the library gets this fixed
+            planar command ``(vx, vy)`` instead of its own box (``waddle eval
+            --command``); the rest of each task (reward, gait clock and
+            prior) is unchanged.
         **kwargs: forwarded to :class:`MicroDuckEnv`.
     """
     _choice("task", task, TASKS)
@@ -112,7 +117,13 @@ def make_env(
                 f"{', '.join(DIFFERENTIABLE_BACKENDS)}."
             )
         kwargs["requires_grad"] = True
-    return MicroDuckEnv(tasks=TASKS[task](), num_envs=num_envs, seed=seed, backend=backend, device=device, **kwargs)
+    tasks = TASKS[task]()
+    if command is not None:
+        fixed = torch.tensor([float(command[0]), float(command[1])])
+        tasks = [row.clone() for row in tasks]
+        for row in tasks:
+            row.command_low, row.command_high = fixed.clone(), fixed.clone()
+    return MicroDuckEnv(tasks=tasks, num_envs=num_envs, seed=seed, backend=backend, device=device, **kwargs)
 
 
 RENAMED_FIELDS: dict[str, dict[str, str]] = {

@@ -1,9 +1,12 @@
-"""``waddle eval``: run a checkpoint's deterministic policy and report how it does.
+"""``waddle eval``: run a checkpoint's deterministic policy and report how it does, per command.
 
-Prints mean return, episode length, velocity-tracking error, forward speed
-and fall rate over one episode in each of ``--episodes`` envs of the task the
-checkpoint was trained on; ``--video`` films the first env from the tracking
-camera.
+For each command of the task library the checkpoint was trained on (a fixed
+command, or the low, middle and high speed of a range), or for the one
+``--command VX VY``, it runs one episode of ``--max-steps`` steps (1000 = 20 s
+by default) in each of ``--episodes`` envs and prints one row: survival,
+return, the forward and lateral speed of the envs that did not fall, yaw
+drift, foot clearance and step frequency. ``--video`` films the first env of
+the first command from the tracking camera.
 """
 
 from __future__ import annotations
@@ -23,7 +26,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--episodes", type=int, default=16, metavar="N", help="episodes, run side by side (default 16)")
     parser.add_argument("--video", metavar="PATH", help="write an mp4 of the first env's episode here")
     parser.add_argument(
-        "--max-steps", type=int, metavar="N", help="cut episodes after N steps (default: the env's limit, 500)"
+        "--max-steps", type=int, default=1000, metavar="N", help="episode length in steps (default 1000 = 20 s)"
+    )
+    parser.add_argument(
+        "--command", type=float, nargs=2, metavar=("VX", "VY"), help="evaluate this planar command (m/s) only"
     )
     parser.add_argument(
         "--seed", type=int, default=12345, metavar="S", help="seed of the evaluation envs (default 12345)"
@@ -39,13 +45,18 @@ def checkpoint_path(path: str | Path) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from waddle.algorithms.evaluation import evaluate, policy_from_checkpoint
+    import math
+
+    from waddle.algorithms.evaluation import evaluate, policy_from_checkpoint, task_commands
     from waddle.algorithms.presets import make_env
 
     for flag, value in (("--episodes", args.episodes), ("--max-steps", args.max_steps)):
         if value is not None and value < 1:
             print(f"waddle eval: error: {flag} must be >= 1, got {value}", file=sys.stderr)
             return 2
+    if args.command is not None and not all(math.isfinite(v) for v in args.command):
+        print(f"waddle eval: error: --command must be two finite speeds in m/s, got {args.command}", file=sys.stderr)
+        return 2
     path = checkpoint_path(args.checkpoint)
     try:
         checkpoint = load_checkpoint(path)
@@ -56,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed,
             backend=args.backend or run_config["backend"],
             device=args.device,
+            max_episode_steps=args.max_steps,
+            command=None if args.command is None else tuple(args.command),
         )
         policy = policy_from_checkpoint(checkpoint, env, args.device)
     except CheckpointError as err:
@@ -64,18 +77,37 @@ def run(args: argparse.Namespace) -> int:
     except (KeyError, TypeError, ValueError, ImportError) as err:
         print(f"waddle eval: error: {path} cannot be evaluated: {str(err).splitlines()[0]}", file=sys.stderr)
         return 1
+    commands = [tuple(args.command)] if args.command is not None else task_commands(env.tasks)
+    results = []
     try:
-        result = evaluate(env, policy, video_path=args.video, max_steps=args.max_steps)
+        for index, command in enumerate(commands):
+            video = args.video if index == 0 else None
+            results.append(evaluate(env, policy, command=command, video_path=video, max_steps=args.max_steps))
     finally:
         env.close()
     trained = f"{checkpoint['algo']}, task {run_config['task']}, {checkpoint['env_steps']} env steps"
-    print(f"checkpoint               {path} ({trained})")
-    print(f"episodes                 {result.episodes}")
-    print(f"mean return              {result.mean_return:.3f}")
-    print(f"mean episode length      {result.mean_episode_length:.1f} steps")
-    print(f"velocity tracking error  {result.velocity_tracking_error:.4f} m/s")
-    print(f"mean forward speed       {result.mean_forward_speed:.4f} m/s")
-    print(f"fall rate                {100.0 * result.fall_rate:.1f}%")
+    print(f"checkpoint {path} ({trained})")
+    print(f"{args.episodes} episodes of {args.max_steps} steps per command; speeds and drift over the envs that did not fall")
+    print(format_table(results))
     if args.video:
-        print(f"video                    {args.video}")
+        print(f"video: {args.video} (command {commands[0][0]:+.2f}, {commands[0][1]:+.2f})")
     return 0
+
+
+HEADER = (
+    f"{'command vx,vy':>14} {'survival':>8} {'return':>8} {'forward':>8} {'lateral':>8} {'track err':>9} "
+    f"{'yaw drift':>9} {'p95':>6} {'clearance':>9} {'steps/s':>7}"
+)
+
+
+def format_table(results) -> str:
+    """One row per command: the figures of :class:`~waddle.algorithms.evaluation.EvaluationResult`."""
+    rows = [HEADER, f"{'':>14} {'%':>8} {'':>8} {'m/s':>8} {'m/s':>8} {'m/s':>9} {'deg':>9} {'deg':>6} {'cm':>9} {'Hz':>7}"]
+    for r in results:
+        command = f"{r.command[0]:+.2f},{r.command[1]:+.2f}"
+        rows.append(
+            f"{command:>14} {100 * r.survival:>8.1f} {r.mean_return:>8.2f} {r.mean_forward_speed:>8.3f} "
+            f"{r.mean_lateral_speed:>8.3f} {r.velocity_tracking_error:>9.3f} {r.yaw_drift_deg:>9.1f} "
+            f"{r.yaw_drift_p95_deg:>6.1f} {100 * r.foot_clearance:>9.2f} {r.step_frequency_hz:>7.2f}"
+        )
+    return "\n".join(rows)

@@ -24,3 +24,13 @@ def projected_gravity(quaternion: torch.Tensor) -> torch.Tensor:
     down = torch.zeros(quaternion.shape[:-1] + (3,), dtype=quaternion.dtype, device=quaternion.device)
     down[..., 2] = -1.0
     return rotate_inverse(quaternion, down)
+
+
+def heading(quaternion: torch.Tensor) -> torch.Tensor:
+    """Yaw angle in radians, in ``(-pi, pi]``, of the body's x axis projected on the floor.
+
+    Args:
+        quaternion: ``(..., 4)`` in MuJoCo's ``(w, x, y, z)`` order.
+    """
+    w, x, y, z = quaternion.unbind(-1)
+    return torch.atan2(2.0 * (w * z + x * y), 1.0 - 2.0 * (y * y + z * z))

@@ -40,7 +40,7 @@ from waddle.envs.microduck import assets, constants, rewards
 from waddle.envs.microduck import tasks as presets
 from waddle.envs.microduck.tasks import MicroDuckTask
 from waddle.envs.mujoco_env import MujocoEnv
-from waddle.envs.rotations import projected_gravity, rotate, rotate_inverse
+from waddle.envs.rotations import heading, projected_gravity, rotate, rotate_inverse
 
 _REFUSED_KWARGS = ("xml_path", "patch_xml", "frame_skip")
 
@@ -269,6 +269,10 @@ class MicroDuckEnv(MujocoEnv):
     def foot_heights(self) -> torch.Tensor:
         """A ``(num_envs, 2)`` tensor of the left/right foot site heights."""
         return self.physics.site_positions()[..., 2].to(self.dtype)
+
+    def heading(self) -> torch.Tensor:
+        """A ``(num_envs,)`` tensor of trunk yaw angles in radians, in ``(-pi, pi]``."""
+        return heading(self.physics.qpos[:, 3:7].to(self.dtype))
 
     def _gait_clock(self) -> tuple[torch.Tensor, torch.Tensor]:
         elapsed = self._step_count.to(self.dtype) * self.control_dt
