@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from waddle.envs.microduck import MicroDuckEnv, MicroDuckTask
-from waddle.physics import BACKENDS as PHYSICS_BACKENDS
+from waddle.physics import BACKENDS as PHYSICS_BACKENDS, differentiable_backends
 
 WALK_SPEED = 0.2
 """Forward speed, m/s, of the ``walk`` task (the learning benchmark's walking target)."""
@@ -43,7 +43,7 @@ TASKS: dict[str, Callable[[], list[MicroDuckTask]]] = {
 BACKENDS: tuple[str, ...] = tuple(PHYSICS_BACKENDS)
 """``--backend`` names: the physics backends MicroDuckEnv can run on."""
 
-DIFFERENTIABLE_BACKENDS: tuple[str, ...] = ("mjx", "mujoco-torch")
+DIFFERENTIABLE_BACKENDS: tuple[str, ...] = differentiable_backends()
 """Backends whose steps carry gradients (SHAC and APG need one)."""
 
 
