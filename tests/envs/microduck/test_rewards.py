@@ -63,15 +63,8 @@ BUILT_IN_PARAMS = {
 STANDING_HEIGHT = 0.15
 
 
-@pytest.fixture(autouse=True)
-def restore_registry():
-    """Snapshot the registry and restore it in place, so test registrations do not leak."""
-    terms, params = dict(REWARD_TERMS), dict(REWARD_PARAMS)
-    yield
-    REWARD_TERMS.clear()
-    REWARD_TERMS.update(terms)
-    REWARD_PARAMS.clear()
-    REWARD_PARAMS.update(params)
+# Tests here register reward terms; the registry is restored after each one.
+pytestmark = pytest.mark.usefixtures("restore_reward_registry")
 
 
 def make_features(n: int = 1, **entries) -> TensorDict:
