@@ -257,34 +257,32 @@ def _step_programs_only(env, horizon: int) -> Callable[[], None]:
     import jax
     import jax.numpy as jnp
 
-    from waddle.bridge.function import _merge, _pack_torch, _run_blocks, _to_blocks
-
     jf = env._step_fn
     plan = next(p for p in jf._plans.values() if p.bwd is not None)
     env.set_seed(0)
     td = env.reset()
     tensors = [*env._read_leaves(td["state"]), env.action_spec.zero().reshape(env._num, -1)]
-    packs = [_pack_torch(plan, tensors, g) for g in plan.in_groups]
+    packs = [plan.pack(tensors, g) for g in plan.in_groups]
     blocks = list(
         zip(
-            _to_blocks(plan, [packs[i] for i in plan.float_groups]),
-            _to_blocks(plan, [packs[i] for i in plan.other_groups]),
+            plan.to_blocks([packs[i] for i in plan.float_groups]),
+            plan.to_blocks([packs[i] for i in plan.other_groups]),
         )
     )
     residual_mode = jf.mode == "residuals"
-    fwd = jf._get_fwd(plan) if residual_mode else jf._get_call(plan)
-    fwd_args = blocks if residual_mode else [_merge(plan, f, o) for f, o in blocks]
-    first = _run_blocks(plan, fwd, fwd_args)
+    fwd = plan.forward_program() if residual_mode else plan.call_program()
+    fwd_args = blocks if residual_mode else [plan.merge(f, o) for f, o in blocks]
+    first = plan.run_blocks(fwd, fwd_args)
     outs = [r[0] for r in first] if residual_mode else [[r[g] for g in plan.float_out] for r in first]
     cts = [tuple(jnp.ones_like(o) for o in out) for out in outs]
 
     def run():
         saved = []
         for _ in range(horizon):
-            results = _run_blocks(plan, fwd, fwd_args)
+            results = plan.run_blocks(fwd, fwd_args)
             saved.append([r[2] for r in results] if residual_mode else blocks)
         for held in reversed(saved):
-            grads = _run_blocks(plan, jf._get_bwd(plan), list(zip(held, cts)))
+            grads = plan.run_blocks(plan.backward_program(), list(zip(held, cts)))
         jax.block_until_ready(grads)
 
     return run

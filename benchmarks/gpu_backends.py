@@ -44,9 +44,7 @@ from waddle.envs.microduck.constants import (
     IMU_SITE,
     STAND_KEYFRAME,
 )
-from waddle.physics import BACKENDS, make_backend
-
-DIFFERENTIABLE = ("mjx", "mujoco-torch")
+from waddle.physics import BACKENDS, differentiable_backends, make_backend
 
 
 def parse_args(argv=None):
@@ -206,7 +204,7 @@ def main(argv=None) -> int:
     rows = []
     for name in names:
         modes = [("forward", None)]
-        if name in DIFFERENTIABLE and not args.no_backward:
+        if name in differentiable_backends() and not args.no_backward:
             chunk_values = args.batch_chunks if name == "mjx" else ["auto"]
             several = len(chunk_values) > 1
             modes += [(f"fwd+bwd chunks={c}" if several else "forward+backward", c) for c in chunk_values]

@@ -10,6 +10,21 @@ from waddle import gl_backend
 # torch's own thread pool only adds contention there.
 torch.set_num_threads(1)
 
+
+@pytest.fixture
+def restore_reward_registry():
+    """Snapshot the MicroDuck reward registry and restore it in place afterwards,
+    so the terms a test registers do not leak into other tests."""
+    from waddle.envs.microduck import rewards
+
+    terms, params = dict(rewards.REWARD_TERMS), dict(rewards.REWARD_PARAMS)
+    yield
+    rewards.REWARD_TERMS.clear()
+    rewards.REWARD_TERMS.update(terms)
+    rewards.REWARD_PARAMS.clear()
+    rewards.REWARD_PARAMS.update(params)
+
+
 REQUIRE_RENDERING_VAR = "WADDLE_REQUIRE_RENDERING"
 """Set to 1 (CI does) to fail, rather than skip, rendering tests on a machine with no GL backend."""
 

@@ -5,20 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from waddle.envs.microduck import rewards
-
 DOCS = Path(__file__).resolve().parents[2] / "docs"
-
-
-@pytest.fixture
-def isolated_registry():
-    """The examples register reward terms; keep them out of other tests."""
-    terms, params = dict(rewards.REWARD_TERMS), dict(rewards.REWARD_PARAMS)
-    yield
-    rewards.REWARD_TERMS.clear()
-    rewards.REWARD_TERMS.update(terms)
-    rewards.REWARD_PARAMS.clear()
-    rewards.REWARD_PARAMS.update(params)
 
 
 RENDERING_PAGES = ("microduck.md",)
@@ -33,7 +20,8 @@ RENDERING_PAGES = ("microduck.md",)
     ],
     ids=lambda path: path.name,
 )
-def test_examples_in_docs(page, tmp_path, monkeypatch, isolated_registry):
+def test_examples_in_docs(page, tmp_path, monkeypatch, restore_reward_registry):
+    # the examples register reward terms
     monkeypatch.chdir(tmp_path)  # the video example writes rollout.mp4 here
     monkeypatch.delenv("MICRODUCK_RL_ROOT", raising=False)
     result = doctest.testfile(

@@ -53,6 +53,7 @@ from waddle.envs.microduck.constants import (
 from waddle.physics import backend_available, make_backend
 
 from helpers.mujoco_c import c_rollout
+from helpers.rollout import backend_rollout
 
 NUM_ENVS, FRAME_SKIP, STEPS = 2, 10, 20
 SITES = (*FOOT_SITES, IMU_SITE)
@@ -77,7 +78,7 @@ def start_and_actions(model: mujoco.MjModel):
     return qpos, qvel, actions
 
 
-def backend_rollout(name, spec, qpos, qvel, actions, **kwargs):
+def duck_rollout(name, spec, qpos, qvel, actions, **kwargs):
     sim = make_backend(
         name,
         spec,
@@ -88,15 +89,10 @@ def backend_rollout(name, spec, qpos, qvel, actions, **kwargs):
         dtype=torch.float64,
         **kwargs,
     )
-    sim.reset(torch.from_numpy(qpos), torch.from_numpy(qvel))
-    out = {"qpos": [], "sites": [], "contacts": []}
-    for ctrl in torch.from_numpy(actions):
-        sim.step(ctrl)
-        out["qpos"].append(sim.qpos.detach().numpy().copy())
-        out["sites"].append(sim.site_positions().detach().numpy().copy())
-        out["contacts"].append(sim.contacts().numpy().copy())
-    sim.close()
-    return {k: np.stack(v) for k, v in out.items()}
+    try:
+        return backend_rollout(sim, qpos, qvel, actions)
+    finally:
+        sim.close()
 
 
 def assert_close_trajectory(got, ref, *, first_step, overall, sites, contact_agreement):
@@ -125,7 +121,7 @@ def duck():
 
 def test_native_matches_mujoco_c(duck):
     qpos, qvel, actions, ref = duck
-    got = backend_rollout("mujoco", duck_spec(), qpos, qvel, actions)
+    got = duck_rollout("mujoco", duck_spec(), qpos, qvel, actions)
     assert_close_trajectory(got, ref, first_step=1e-9, overall=1e-9, sites=1e-9, contact_agreement=1.0)
 
 
@@ -133,7 +129,7 @@ def test_native_matches_mujoco_c(duck):
 @pytest.mark.skipif(not backend_available("mjx"), reason="needs pip install 'waddle[mjx]'")
 def test_mjx_matches_mujoco_c(duck):
     qpos, qvel, actions, ref = duck
-    got = backend_rollout(
+    got = duck_rollout(
         "mjx",
         duck_spec(),
         qpos,
@@ -157,7 +153,7 @@ def test_mujoco_torch_matches_mujoco_c_without_friction_loss():
     model = spec.compile()
     qpos, qvel, actions = start_and_actions(model)
     ref = c_rollout(model, qpos, qvel, actions, FRAME_SKIP, SITES, GEOMS)
-    got = backend_rollout("mujoco-torch", duck_spec(frictionloss=False), qpos, qvel, actions)
+    got = duck_rollout("mujoco-torch", duck_spec(frictionloss=False), qpos, qvel, actions)
     assert_close_trajectory(got, ref, first_step=5e-4, overall=5e-3, sites=1e-3, contact_agreement=0.95)
 
 

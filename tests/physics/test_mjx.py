@@ -23,7 +23,8 @@ pytest.importorskip("mujoco.mjx", reason="needs the mjx extra: pip install 'wadd
 from waddle.physics.mjx import MjxBackend  # noqa: E402
 from helpers.ball_arm import BALL_ARM_XML, GEOMS, NUM_ENVS, PENDULUM_XML, SITES, ball_arm_start  # noqa: E402
 from helpers.mujoco_c import c_rollout  # noqa: E402
-from helpers.gradients import central_difference  # noqa: E402
+from helpers.rollout import backend_rollout  # noqa: E402
+from helpers.gradients import assert_pendulum_gradients  # noqa: E402
 
 FAST_COMPILE = {"xla_llvm_disable_expensive_passes": True}
 
@@ -35,37 +36,32 @@ def ball_arm():
     return mujoco.MjModel.from_xml_string(BALL_ARM_XML)
 
 
-@pytest.fixture(scope="module")
-def sim64(ball_arm):
+def _ball_arm_sim(model, dtype) -> MjxBackend:
     return MjxBackend(
-        ball_arm,
+        model,
         num_envs=NUM_ENVS,
         frame_skip=FRAME_SKIP,
         site_names=SITES,
         contact_geom_names=GEOMS,
-        dtype=torch.float64,
+        dtype=dtype,
         compiler_options=FAST_COMPILE,
     )
 
 
-def _run(sim, model, dtype):
+@pytest.fixture(scope="module")
+def sim64(ball_arm):
+    return _ball_arm_sim(ball_arm, torch.float64)
+
+
+def _run(sim, model):
     qpos, qvel = ball_arm_start(model)
     controls = np.random.default_rng(0).uniform(-1, 1, (STEPS, NUM_ENVS, model.nu))
     ref = c_rollout(model, qpos, qvel, controls, FRAME_SKIP, SITES, GEOMS)
-    sim.reset(torch.from_numpy(qpos).to(dtype), torch.from_numpy(qvel).to(dtype))
-    got = {k: [] for k in ref}
-    for ctrl in torch.from_numpy(controls).to(dtype):
-        sim.step(ctrl)
-        got["qpos"].append(sim.qpos.double().numpy().copy())
-        got["qvel"].append(sim.qvel.double().numpy().copy())
-        got["time"].append(sim.time.double().numpy().copy())
-        got["sites"].append(sim.site_positions().double().numpy().copy())
-        got["contacts"].append(sim.contacts().numpy().copy())
-    return ref, {k: np.stack(v) for k, v in got.items()}
+    return ref, backend_rollout(sim, qpos, qvel, controls)
 
 
 def test_trajectory_sites_and_contacts_match_mujoco_c(sim64, ball_arm):
-    ref, got = _run(sim64, ball_arm, torch.float64)
+    ref, got = _run(sim64, ball_arm)
     assert ref["contacts"][:, :, 0].any() and not ref["contacts"][:, :, 0].all()  # the ball lands
     # float64 MJX reproduces MuJoCo C to solver tolerance (observed ~1e-11).
     np.testing.assert_allclose(got["qpos"], ref["qpos"], atol=1e-8, rtol=0)
@@ -126,16 +122,8 @@ def test_masked_reset_leaves_other_envs_untouched(sim64, ball_arm):
 
 @pytest.mark.slow
 def test_float32_matches_mujoco_c_loosely(ball_arm):
-    sim = MjxBackend(
-        ball_arm,
-        num_envs=NUM_ENVS,
-        frame_skip=FRAME_SKIP,
-        site_names=SITES,
-        contact_geom_names=GEOMS,
-        dtype=torch.float32,
-        compiler_options=FAST_COMPILE,
-    )
-    ref, got = _run(sim, ball_arm, torch.float32)
+    sim = _ball_arm_sim(ball_arm, torch.float32)
+    ref, got = _run(sim, ball_arm)
     assert sim.qpos.dtype == torch.float32
     # float32 rounding through contacts: observed ~2e-5 over the 0.4 s rollout.
     np.testing.assert_allclose(got["qpos"], ref["qpos"], atol=1e-3, rtol=0)
@@ -166,40 +154,9 @@ def test_gradients_match_central_differences(batch_chunks):
     assert sim.sim_model.opt.ls_iterations >= 32
     assert model.opt.iterations == 100  # the caller's model is untouched
 
-    gen = torch.Generator().manual_seed(0)
-    qpos0 = torch.randn(2, 2, generator=gen, dtype=torch.float64)
-    qvel0 = torch.randn(2, 2, generator=gen, dtype=torch.float64)
-    controls = torch.randn(3, 2, 2, generator=gen, dtype=torch.float64)
-    weights = torch.randn(2, 2, generator=gen, dtype=torch.float64)
-
-    def loss(controls, qvel0):
-        sim.reset(qpos0, qvel0)
-        for ctrl in controls:
-            sim.step(ctrl)
-        return (sim.qpos * weights).sum() + sim.site_positions()[..., 2].sum()
-
-    controls_var = controls.clone().requires_grad_(True)
-    qvel_var = qvel0.clone().requires_grad_(True)
-    loss(controls_var, qvel_var).backward()
-
-    datas = [mujoco.MjData(model) for _ in range(2)]
-    for i, d in enumerate(datas):
-        d.qpos[:], d.qvel[:] = qpos0[i].numpy(), qvel0[i].numpy()
-        for ctrl in controls:
-            d.ctrl[:] = ctrl[i].numpy()
-            for _ in range(5):
-                mujoco.mj_step(model, d)
-    np.testing.assert_allclose(sim.qpos.detach().numpy(), np.stack([d.qpos for d in datas]), atol=1e-12)
-    np.testing.assert_allclose(sim.time.numpy(), [d.time for d in datas], atol=1e-12)
-
-    for index, grad, point in ((0, controls_var.grad, "ctrl"), (1, qvel_var.grad, "qvel")):
-        direction = torch.randn(grad.shape, generator=gen, dtype=torch.float64)
-        # with grad recording on, so the compiled differentiable forward is reused
-        fd = central_difference(loss, (controls, qvel0), index, direction, record_grad=True)
-        ad = (grad * direction).sum().item()
-        assert abs(ad) > 1e-3
-        # Observed agreement ~1e-10; central differences are good to ~eps^2.
-        assert ad == pytest.approx(fd, rel=1e-6, abs=1e-8), point
+    # with grad recording on in the central differences, so the compiled
+    # differentiable forward is reused
+    assert_pendulum_gradients(sim, model, record_grad=True)
 
     sim.detach()
     assert not sim.qpos.requires_grad and not sim.site_positions().requires_grad

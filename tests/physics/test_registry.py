@@ -54,3 +54,11 @@ def test_cuda_without_gpu_backends_names_the_extras(monkeypatch):
     monkeypatch.setattr(physics, "backend_available", lambda name: name == "mujoco-torch")
     with pytest.raises(ImportError, match="mjx"):  # mujoco-torch alone cannot run a friction-loss model
         physics.default_backend("cuda", _spec(0.01))
+
+
+def test_differentiable_backends_are_the_installed_mjx_and_mujoco_torch(monkeypatch):
+    # native MuJoCo has no gradients; MJX and mujoco-torch do, when installed
+    installed = tuple(name for name in ("mjx", "mujoco-torch") if physics.backend_available(name))
+    assert physics.differentiable_backends() == installed
+    monkeypatch.setattr(physics, "backend_available", lambda name: name == "mujoco")
+    assert physics.differentiable_backends() == ()

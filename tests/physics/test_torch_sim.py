@@ -22,7 +22,8 @@ pytest.importorskip("mujoco_torch", reason="needs the torch-sim extra: pip insta
 from waddle.physics.torch_sim import MujocoTorchBackend  # noqa: E402
 from helpers.ball_arm import BALL_ARM_XML, GEOMS, NUM_ENVS, PENDULUM_XML, SITES, ball_arm_start  # noqa: E402
 from helpers.mujoco_c import c_rollout  # noqa: E402
-from helpers.gradients import central_difference  # noqa: E402
+from helpers.rollout import backend_rollout  # noqa: E402
+from helpers.gradients import assert_pendulum_gradients  # noqa: E402
 
 FRAME_SKIP, STEPS = 2, 20
 
@@ -32,41 +33,31 @@ def ball_arm():
     return mujoco.MjModel.from_xml_string(BALL_ARM_XML)
 
 
+def _ball_arm_sim(model, dtype) -> MujocoTorchBackend:
+    return MujocoTorchBackend(
+        model, num_envs=NUM_ENVS, frame_skip=FRAME_SKIP, site_names=SITES, contact_geom_names=GEOMS, dtype=dtype
+    )
+
+
 def test_trajectory_sites_and_contacts_match_mujoco_c(ball_arm):
     qpos, qvel = ball_arm_start(ball_arm)
     controls = np.random.default_rng(0).uniform(-1, 1, (STEPS, NUM_ENVS, ball_arm.nu))
     ref = c_rollout(ball_arm, qpos, qvel, controls, FRAME_SKIP, SITES, GEOMS)
-    sim = MujocoTorchBackend(
-        ball_arm,
-        num_envs=NUM_ENVS,
-        frame_skip=FRAME_SKIP,
-        site_names=SITES,
-        contact_geom_names=GEOMS,
-        dtype=torch.float64,
-    )
-    sim.reset(torch.from_numpy(qpos), torch.from_numpy(qvel))
-    for k, ctrl in enumerate(torch.from_numpy(controls)):
-        sim.step(ctrl)
-        # Sphere-plane contacts are computed as in MuJoCo C: rounding error only.
-        np.testing.assert_allclose(sim.qpos.numpy(), ref["qpos"][k], atol=1e-9, rtol=0)
-        np.testing.assert_allclose(sim.qvel.numpy(), ref["qvel"][k], atol=1e-7, rtol=0)
-        np.testing.assert_allclose(sim.time.numpy(), ref["time"][k], atol=1e-12, rtol=0)
-        np.testing.assert_allclose(sim.site_positions().numpy(), ref["sites"][k], atol=1e-9, rtol=0)
-        np.testing.assert_array_equal(sim.contacts().numpy(), ref["contacts"][k])
+    sim = _ball_arm_sim(ball_arm, torch.float64)
+    got = backend_rollout(sim, qpos, qvel, controls)
+    # Sphere-plane contacts are computed as in MuJoCo C: rounding error only.
+    np.testing.assert_allclose(got["qpos"], ref["qpos"], atol=1e-9, rtol=0)
+    np.testing.assert_allclose(got["qvel"], ref["qvel"], atol=1e-7, rtol=0)
+    np.testing.assert_allclose(got["time"], ref["time"], atol=1e-12, rtol=0)
+    np.testing.assert_allclose(got["sites"], ref["sites"], atol=1e-9, rtol=0)
+    np.testing.assert_array_equal(got["contacts"], ref["contacts"])
     assert ref["contacts"][:, :, 0].any() and not ref["contacts"][:, :, 0].all()  # the ball lands
     assert not sim.diverged.any()
 
 
 def test_masked_reset_and_float32_outputs(ball_arm):
     qpos, qvel = ball_arm_start(ball_arm)
-    sim = MujocoTorchBackend(
-        ball_arm,
-        num_envs=NUM_ENVS,
-        frame_skip=FRAME_SKIP,
-        site_names=SITES,
-        contact_geom_names=GEOMS,
-        dtype=torch.float32,
-    )
+    sim = _ball_arm_sim(ball_arm, torch.float32)
     assert sim.qpos.dtype == torch.float32 and sim.site_positions().dtype == torch.float32
     sim.reset(torch.from_numpy(qpos), torch.from_numpy(qvel))
     for _ in range(3):
@@ -103,40 +94,7 @@ def test_gradients_match_central_differences():
     sim = MujocoTorchBackend(
         model, num_envs=2, frame_skip=5, site_names=["tip"], dtype=torch.float64, requires_grad=True
     )
-    gen = torch.Generator().manual_seed(0)
-    qpos0 = torch.randn(2, 2, generator=gen, dtype=torch.float64)
-    qvel0 = torch.randn(2, 2, generator=gen, dtype=torch.float64)
-    controls = torch.randn(3, 2, 2, generator=gen, dtype=torch.float64)
-    weights = torch.randn(2, 2, generator=gen, dtype=torch.float64)
-
-    def loss(controls, qvel0):
-        sim.reset(qpos0, qvel0)
-        for ctrl in controls:
-            sim.step(ctrl)
-        return (sim.qpos * weights).sum() + sim.site_positions()[..., 2].sum()
-
-    controls_var = controls.clone().requires_grad_(True)
-    qvel_var = qvel0.clone().requires_grad_(True)
-    loss(controls_var, qvel_var).backward()
-
-    # The forward pass is MuJoCo's (no contacts: no solver involved).
-    datas = [mujoco.MjData(model) for _ in range(2)]
-    for i, d in enumerate(datas):
-        d.qpos[:], d.qvel[:] = qpos0[i].numpy(), qvel0[i].numpy()
-        for ctrl in controls:
-            d.ctrl[:] = ctrl[i].numpy()
-            for _ in range(5):
-                mujoco.mj_step(model, d)
-    np.testing.assert_allclose(
-        sim.qpos.detach().numpy(), np.stack([d.qpos for d in datas]), atol=1e-12
-    )
-
-    for index, grad, point in ((0, controls_var.grad, "ctrl"), (1, qvel_var.grad, "qvel")):
-        direction = torch.randn(grad.shape, generator=gen, dtype=torch.float64)
-        fd = central_difference(loss, (controls, qvel0), index, direction)
-        ad = (grad * direction).sum().item()
-        assert abs(ad) > 1e-3
-        assert ad == pytest.approx(fd, rel=1e-6, abs=1e-8), point
+    assert_pendulum_gradients(sim, model)
 
 
 def test_detach_cuts_the_graph():

@@ -23,6 +23,7 @@ import torch
 from waddle.algorithms.trainer import Trainer
 from waddle.envs.microduck import MicroDuckEnv, MicroDuckTask
 from waddle.physics import BACKENDS as PHYSICS_BACKENDS
+from waddle.physics import backend_class, differentiable_backends
 
 WALK_SPEED = 0.2
 """Forward speed, m/s, of the ``walk`` task (the learning benchmark's walking target)."""
@@ -44,9 +45,6 @@ TASKS: dict[str, Callable[[], list[MicroDuckTask]]] = {
 
 BACKENDS: tuple[str, ...] = tuple(PHYSICS_BACKENDS)
 """``--backend`` names: the physics backends MicroDuckEnv can run on."""
-
-DIFFERENTIABLE_BACKENDS: tuple[str, ...] = ("mjx", "mujoco-torch")
-"""Backends whose steps carry gradients (SHAC and APG need one)."""
 
 
 @dataclass(frozen=True)
@@ -100,7 +98,8 @@ def make_env(
         seed: the env generator's seed.
         backend: a name in :data:`BACKENDS`.
         differentiable: build it with ``requires_grad=True`` (needs a
-            backend in :data:`DIFFERENTIABLE_BACKENDS`).
+            backend whose class is differentiable, see
+            :func:`waddle.physics.differentiable_backends`).
         device: torch device of the env.
         command: when given, every task of the library gets this fixed
             planar command ``(vx, vy)`` instead of its own box (``waddle eval
@@ -111,10 +110,12 @@ def make_env(
     _choice("task", task, TASKS)
     _choice("backend", backend, BACKENDS)
     if differentiable:
-        if backend not in DIFFERENTIABLE_BACKENDS:
+        # Only the asked-for backend is imported here: reading every class's flag
+        # at import time would load JAX and mujoco-torch for every CLI call.
+        if not backend_class(backend).differentiable:
             raise ValueError(
                 f"backend {backend!r} is not differentiable; gradient-based training needs one of "
-                f"{', '.join(DIFFERENTIABLE_BACKENDS)}."
+                f"{', '.join(differentiable_backends())}."
             )
         kwargs["requires_grad"] = True
     tasks = TASKS[task]()

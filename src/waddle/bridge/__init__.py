@@ -9,17 +9,19 @@
 * :func:`resolve_batch_chunks` / :func:`auto_batch_chunks`: how many row
   blocks a batched step runs as on this device (``JaxFunction(batch_chunks=)``).
 
+The modules, in the order a call uses them: :mod:`~waddle.bridge.dlpack`,
+:mod:`~waddle.bridge.packing`, :mod:`~waddle.bridge.blocks`,
+:mod:`~waddle.bridge.plan`, :mod:`~waddle.bridge.autograd`,
+:mod:`~waddle.bridge.function`.
+
 JAX is imported lazily: importing :mod:`waddle.bridge` works without it, and
 the first use raises an :class:`ImportError` naming ``pip install 'waddle[brax]'``.
 """
 
+from waddle.bridge.autograd import NonFiniteGradientWarning
+from waddle.bridge.blocks import auto_batch_chunks, resolve_batch_chunks
 from waddle.bridge.dlpack import enable_x64, jax_device, jax_to_torch, torch_to_jax, x64_enabled
-from waddle.bridge.function import (
-    JaxFunction,
-    NonFiniteGradientWarning,
-    auto_batch_chunks,
-    resolve_batch_chunks,
-)
+from waddle.bridge.function import JaxFunction
 
 __all__ = [
     "JaxFunction",

@@ -330,7 +330,7 @@ class BraxWrapper(_EnvWrapper, metaclass=_BraxMeta):
 
         # The leaves come and go in their torch shapes (reward and done as
         # (n, 1)), so that a state passed from one step to the next reaches
-        # the bridge as the very views it made (see waddle.bridge.function).
+        # the bridge as the very views it made (see waddle.bridge.packing).
         jax_rest = [shape[1:] for shape in self._leaf_jax_shapes]
         torch_rest = [shape[len(batch):] for shape in self._leaf_torch_shapes]
 

@@ -46,6 +46,16 @@ def backend_available(name: str) -> bool:
     return True
 
 
+def differentiable_backends() -> tuple[str, ...]:
+    """Names of the installed backends that carry gradients, in :data:`BACKENDS` order.
+
+    Read from each class's :attr:`PhysicsBackend.differentiable`, so the
+    backends' modules are imported; a backend whose packages are not installed
+    is left out (it cannot run here).
+    """
+    return tuple(name for name in BACKENDS if backend_available(name) and backend_class(name).differentiable)
+
+
 def has_friction_loss(spec: mujoco.MjSpec) -> bool:
     """Whether any joint or tendon of ``spec`` has friction loss (mujoco-torch 0.2.0 cannot simulate it)."""
     return any(joint.frictionloss > 0 for joint in spec.joints) or any(
@@ -85,6 +95,7 @@ __all__ = [
     "backend_available",
     "backend_class",
     "default_backend",
+    "differentiable_backends",
     "has_friction_loss",
     "make_backend",
 ]

@@ -15,6 +15,10 @@ Semantics shared by all backends:
   MuJoCo implementation. After a reset they are refreshed for the reset envs.
 * A geom's contact flag is true when MuJoCo generated at least one contact
   involving it (penetration distance below the pair's margin).
+* ``diverged`` flags the envs whose simulation broke down (a non-finite
+  state, or one MuJoCo would refuse): the envs end such an env's episode
+  and reset it, and the rest of the batch carries on. Resetting an env
+  clears its flag.
 """
 
 from __future__ import annotations
@@ -133,6 +137,18 @@ class PhysicsBackend(abc.ABC):
     @abc.abstractmethod
     def time(self) -> torch.Tensor:
         """``(num_envs,)`` simulated time since each env's last reset."""
+
+    @property
+    @abc.abstractmethod
+    def diverged(self) -> torch.Tensor:
+        """``(num_envs,)`` bool: the env's simulation broke down.
+
+        True once the env's state became non-finite or beyond MuJoCo's limits
+        (``mjMAXVAL``) in a step; its ``qpos``/``qvel`` then mean nothing
+        (backends may report them as NaN) and the env layer terminates it.
+        Resetting the env to a sane state clears it. Reading it never records
+        autograd history.
+        """
 
     @abc.abstractmethod
     def site_positions(self) -> torch.Tensor:

@@ -69,7 +69,7 @@ class NativeBackend(PhysicsBackend):
         self._sensor_trajectory = np.empty((self.num_envs, self.frame_skip, model.nsensordata))
         self._sensors = np.zeros((self.num_envs, model.nsensordata))
         self._ctrl = np.zeros((self.num_envs, 1, model.nu))
-        self.diverged = torch.zeros(self.num_envs, dtype=torch.bool, device=self.device)
+        self._diverged = torch.zeros(self.num_envs, dtype=torch.bool, device=self.device)
         self._refresh_sensors(np.arange(self.num_envs))
 
     def _instrumented_model(self, kwargs) -> mujoco.MjModel:
@@ -115,7 +115,7 @@ class NativeBackend(PhysicsBackend):
         self._state[rows] = 0.0
         self._state[rows, self._qpos_slice] = qpos[rows]
         self._state[rows, self._qvel_slice] = qvel[rows]
-        self.diverged[torch.as_tensor(rows, device=self.device)] = False
+        self._diverged[torch.as_tensor(rows, device=self.device)] = False
         self._refresh_sensors(rows)
 
     def _refresh_sensors(self, rows: np.ndarray) -> None:
@@ -147,7 +147,7 @@ class NativeBackend(PhysicsBackend):
         diverged |= ~np.isfinite(self._state).all(axis=1)
         if diverged.any():
             self._state[diverged, 1:] = np.nan
-        self.diverged = torch.from_numpy(diverged).to(self.device)
+        self._diverged = torch.from_numpy(diverged).to(self.device)
 
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(array)).to(self.device, self.dtype)
@@ -163,6 +163,10 @@ class NativeBackend(PhysicsBackend):
     @property
     def time(self) -> torch.Tensor:
         return self._tensor(self._state[:, 0])
+
+    @property
+    def diverged(self) -> torch.Tensor:
+        return self._diverged
 
     def site_positions(self) -> torch.Tensor:
         start = getattr(self, "_site_sensor_start", 0)

@@ -205,9 +205,9 @@ class MujocoTorchBackend(PhysicsBackend):
         self._substeps = substeps
 
         self._data = d0.expand(self.num_envs).clone()
-        #: ``(num_envs,)`` bool: the env's state became non-finite or huge during
-        #: a step since its last reset; its qpos/qvel are then NaN.
-        self.diverged = torch.zeros(self.num_envs, dtype=torch.bool, device=self.device)
+        # The env's state became non-finite or huge during a step since its
+        # last reset; its qpos/qvel are then NaN.
+        self._diverged = torch.zeros(self.num_envs, dtype=torch.bool, device=self.device)
         qpos0 = torch.as_tensor(self.model.qpos0, dtype=_SIM_DTYPE, device=self.device)
         self.reset(
             qpos0.expand(self.num_envs, self.nq),
@@ -248,7 +248,7 @@ class MujocoTorchBackend(PhysicsBackend):
             idx = mask.nonzero().squeeze(-1)
         if idx.numel() == 0:
             return
-        self.diverged[idx] = False
+        self._diverged[idx] = False
         fresh = self._d0.expand(idx.numel()).clone()
         fresh = fresh.replace(qpos=qpos[idx], qvel=qvel[idx])
         with self._mode():
@@ -271,7 +271,7 @@ class MujocoTorchBackend(PhysicsBackend):
                 qpos=torch.where(bad[:, None], nan, data.qpos),
                 qvel=torch.where(bad[:, None], nan, data.qvel),
             )
-            self.diverged = self.diverged | bad
+            self._diverged = self._diverged | bad
             self._data = data
 
     def _first_compiled_step(self, ctrl):
@@ -301,6 +301,10 @@ class MujocoTorchBackend(PhysicsBackend):
     @property
     def time(self) -> torch.Tensor:
         return self._out(self._data.time.detach())
+
+    @property
+    def diverged(self) -> torch.Tensor:
+        return self._diverged
 
     def site_positions(self) -> torch.Tensor:
         return self._out(self._data.site_xpos[:, self._site_idx])

@@ -15,6 +15,7 @@ from torchrl.envs.utils import check_env_specs
 
 from waddle.envs.microduck import MicroDuckEnv
 from waddle.envs.microduck.constants import EMBEDDED_SCENE, JOINT_NAMES
+from waddle.envs.microduck.rewards import register_reward
 
 STANDING = MicroDuckEnv.standing_task(joint_reset_noise_scale=0.0)
 
@@ -137,6 +138,18 @@ def test_non_finite_physics_ends_one_episode_and_keeps_the_batch_finite(env):
     assert out["terminated"].squeeze(-1).tolist() == [False, False, True]
     assert torch.isfinite(out["observation"]).all()
     assert torch.isfinite(out["reward"]).all()
+
+
+def test_registered_term_returning_nan_or_inf_is_named(restore_reward_registry):
+    @register_reward("lopsided", weight=1.0)
+    def lopsided(features, params):
+        return torch.tensor([0.0, math.nan, -math.inf])
+
+    env = MicroDuckEnv(num_envs=3, seed=0, tasks=MicroDuckEnv.standing_task())  # built after registering
+    env.reset()
+    with pytest.raises(ValueError, match=r"term 'lopsided' returned NaN or inf for envs \[1, 2\]"):
+        env.step(TensorDict(action=torch.zeros(3, 14), batch_size=[3]))
+    env.close()
 
 
 def test_truncation_at_max_episode_steps():

@@ -167,17 +167,22 @@ def test_joint_axes_and_ranges_match_reference(model, ref_robot):
         np.testing.assert_allclose(model.jnt_axis[jid], _floats(j.get("axis")), rtol=0, atol=1e-12)
 
 
+def _assert_same_rotation(quat, reference: str) -> None:
+    """``quat`` is the reference quaternion (text, not normalised), up to sign."""
+    expected = _floats(reference)
+    expected /= np.linalg.norm(expected)
+    if expected @ quat < 0:
+        expected = -expected
+    np.testing.assert_allclose(quat, expected, rtol=0, atol=1e-9)
+
+
 def test_body_tree_and_poses_match_reference(model, ref_bodies):
     assert model.nbody - 1 == len(ref_bodies)
     for name, (parent, elem) in ref_bodies.items():
         b = model.body(name)
         assert model.body(b.parentid[0]).name == parent, name
         np.testing.assert_allclose(b.pos, _floats(elem.get("pos")), rtol=0, atol=1e-12)
-        quat = _floats(elem.get("quat"))
-        quat /= np.linalg.norm(quat)
-        if quat @ b.quat < 0:
-            quat = -quat
-        np.testing.assert_allclose(b.quat, quat, rtol=0, atol=1e-9)
+        _assert_same_rotation(b.quat, elem.get("quat"))
 
 
 def test_inertials_match_reference(model, ref_bodies):
@@ -230,11 +235,7 @@ def test_sites_and_cameras_match_reference(model, ref_robot, ref_bodies):
         obj = model.site(elem.get("name")) if kind == "site" else model.cam(elem.get("name"))
         assert model.body(obj.bodyid[0]).name == parent
         np.testing.assert_allclose(obj.pos, _floats(elem.get("pos")), rtol=0, atol=1e-12)
-        quat = _floats(elem.get("quat"))
-        quat /= np.linalg.norm(quat)
-        if quat @ obj.quat < 0:
-            quat = -quat
-        np.testing.assert_allclose(obj.quat, quat, rtol=0, atol=1e-9)
+        _assert_same_rotation(obj.quat, elem.get("quat"))
 
     names = set()
     for body, (_, elem) in ref_bodies.items():

@@ -63,15 +63,8 @@ BUILT_IN_PARAMS = {
 STANDING_HEIGHT = 0.15
 
 
-@pytest.fixture(autouse=True)
-def restore_registry():
-    """Snapshot the registry and restore it in place, so test registrations do not leak."""
-    terms, params = dict(REWARD_TERMS), dict(REWARD_PARAMS)
-    yield
-    REWARD_TERMS.clear()
-    REWARD_TERMS.update(terms)
-    REWARD_PARAMS.clear()
-    REWARD_PARAMS.update(params)
+# Tests here register reward terms; the registry is restored after each one.
+pytestmark = pytest.mark.usefixtures("restore_reward_registry")
 
 
 def make_features(n: int = 1, **entries) -> TensorDict:
@@ -475,3 +468,22 @@ def test_term_with_a_wrong_shape_is_named():
 
     with pytest.raises(ValueError, match="reward term 'broken' returned shape"):
         evaluate_terms(make_features(2), make_params(2))
+
+
+def test_non_finite_term_on_a_finite_state_is_named_with_its_envs():
+    @register_reward("flaky")
+    def flaky(features, params):
+        return torch.tensor([0.0, math.nan, math.inf, math.nan])
+
+    velocity = torch.zeros(4, 3)
+    velocity[3, 0] = math.nan  # env 3 diverged: its NaN is the physics', not the term's
+    with pytest.raises(ValueError, match=r"term 'flaky' returned NaN or inf for envs \[1, 2\]\.$"):
+        evaluate_terms(make_features(4, body_velocity=velocity), make_params(4))
+
+
+def test_non_finite_state_passes_through_the_terms():
+    velocity = torch.zeros(2, 3)
+    velocity[1, 0] = math.nan
+    values = evaluate_terms(make_features(2, body_velocity=velocity), make_params(2))
+    assert torch.isfinite(values[0]).all()
+    assert torch.isnan(values[1, list(REWARD_TERMS).index("tracking")])

@@ -19,15 +19,8 @@ from waddle.envs.microduck.tasks import (
 )
 
 
-@pytest.fixture(autouse=True)
-def restore_registry():
-    """Snapshot the reward registry and restore it in place, so test registrations do not leak."""
-    terms, params = dict(REWARD_TERMS), dict(REWARD_PARAMS)
-    yield
-    REWARD_TERMS.clear()
-    REWARD_TERMS.update(terms)
-    REWARD_PARAMS.clear()
-    REWARD_PARAMS.update(params)
+# Tests here register reward terms; the registry is restored after each one.
+pytestmark = pytest.mark.usefixtures("restore_reward_registry")
 
 
 def weights_of(task: MicroDuckTask) -> dict[str, float]:

@@ -444,10 +444,7 @@ class MicroDuckEnv(MujocoEnv):
         clipped = action.clamp(-1.0, 1.0)
         self.physics.step(self._home_ctrl + self.gait_prior() + self.action_scale * clipped)
         qpos, qvel = self.physics.qpos, self.physics.qvel
-        nonfinite = ~(torch.isfinite(qpos).all(-1) & torch.isfinite(qvel).all(-1))
-        diverged = getattr(self.physics, "diverged", None)
-        if diverged is not None:
-            nonfinite = nonfinite | diverged
+        nonfinite = ~(torch.isfinite(qpos).all(-1) & torch.isfinite(qvel).all(-1)) | self.physics.diverged
         if nonfinite.any():
             # Keep the batch finite: the broken envs report the home pose and
             # are terminated, so they are reset before anyone reads them again.

@@ -153,7 +153,13 @@ def register_reward(
 
 
 def evaluate_terms(features: TensorDictBase, params: TensorDictBase) -> torch.Tensor:
-    """Unweighted value of every registered term, ``(N, num_terms)`` in registry order."""
+    """Unweighted value of every registered term, ``(N, num_terms)`` in registry order.
+
+    A term that returns NaN or inf for an env whose features are all finite
+    raises a ``ValueError`` naming the term and the envs. Envs with a
+    non-finite feature (a diverged physics state, whose episode the env ends)
+    are left as they are.
+    """
     batch = tuple(features.batch_size)
     dtype = features["body_velocity"].dtype
     columns = []
@@ -165,7 +171,27 @@ def evaluate_terms(features: TensorDictBase, params: TensorDictBase) -> torch.Te
                 f"terms return one value per env, shape {batch}."
             )
         columns.append(value.to(dtype))
-    return torch.stack(columns, dim=-1)
+    values = torch.stack(columns, dim=-1)
+    bad = ~torch.isfinite(values.detach())
+    if bad.any():  # one host sync per call; the rest only runs on a broken term
+        leaves = features.values(include_nested=True, leaves_only=True)
+        finite_state = torch.stack(
+            [torch.isfinite(v.detach()).reshape(batch[0], -1).all(-1) for v in leaves if v.is_floating_point()],
+            dim=-1,
+        ).all(-1)
+        bad &= finite_state.unsqueeze(-1)
+        broken = {name: bad[:, i].nonzero().flatten().tolist() for i, name in enumerate(REWARD_TERMS)}
+        broken = {name: envs for name, envs in broken.items() if envs}
+        if broken:
+            raise ValueError(
+                "reward terms must be finite for a finite state; "
+                + "; ".join(
+                    f"term {name!r} returned NaN or inf for envs {envs[:20]}{' ...' if len(envs) > 20 else ''}"
+                    for name, envs in broken.items()
+                )
+                + "."
+            )
+    return values
 
 
 def weighted_terms(term_values: torch.Tensor, weights: torch.Tensor, control_dt: float) -> torch.Tensor:
