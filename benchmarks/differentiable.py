@@ -169,12 +169,11 @@ def make_waddle_env(args, n: int, **kwargs):
 
 def make_torchrl_env(args, n: int):
     import brax.envs
-    from torchrl.envs.libs.brax import BraxEnv as TorchRLBraxEnv, BraxWrapper as TorchRLBraxWrapper
+    from torchrl.envs.libs.brax import BraxEnv as TorchRLBraxEnv
+    from torchrl.envs.libs.brax import BraxWrapper as TorchRLBraxWrapper
 
     if args.backend == "generalized":  # TorchRL's BraxEnv(name) takes no env kwargs
-        return TorchRLBraxEnv(
-            args.task, batch_size=[n], requires_grad=True, device="cpu", cache_clear_frequency=False
-        )
+        return TorchRLBraxEnv(args.task, batch_size=[n], requires_grad=True, device="cpu", cache_clear_frequency=False)
     return TorchRLBraxWrapper(
         brax.envs.get_environment(args.task, backend=args.backend),
         batch_size=[n],
@@ -417,7 +416,11 @@ def bench_memory(args) -> list[dict]:
     env = make_waddle_env(args, n)
     obs_dim, act_dim = env.observation_spec["observation"].shape[-1], env.action_spec.shape[-1]
     base = make_policy(obs_dim, act_dim)
-    row = {"impl": "waddle", "envs": n, **_memory_run(env, _td_policy(copy.deepcopy(base)), args.horizon, args.memory_steps)}
+    row = {
+        "impl": "waddle",
+        "envs": n,
+        **_memory_run(env, _td_policy(copy.deepcopy(base)), args.horizon, args.memory_steps),
+    }
     rows.append(row)
     _RESULTS["memory_waddle"] = row
     del env
@@ -437,7 +440,17 @@ def bench_memory(args) -> list[dict]:
     print_table(
         f"RSS over differentiable steps ({args.task}, horizon {args.horizon}, no cache clearing)",
         rows,
-        ["impl", "envs", "steps", "rss_before_mb", "rss_after_mb", "growth_mb", "peak_minus_before_mb", "seconds", "error"],
+        [
+            "impl",
+            "envs",
+            "steps",
+            "rss_before_mb",
+            "rss_after_mb",
+            "growth_mb",
+            "peak_minus_before_mb",
+            "seconds",
+            "error",
+        ],
     )
     return rows
 
@@ -508,16 +521,40 @@ def summary(args) -> None:
     for n in args.sizes:
         t = _RESULTS.get(f"torchrl_{n}", {})
         if "ratio" in t:
-            rows.append({"target": f"waddle/TorchRL fwd+bwd >= 2x ({n} envs)", "value": f"{t['ratio']:.2f}x", "ok": t["ratio"] >= 2})
+            rows.append(
+                {
+                    "target": f"waddle/TorchRL fwd+bwd >= 2x ({n} envs)",
+                    "value": f"{t['ratio']:.2f}x",
+                    "ok": t["ratio"] >= 2,
+                }
+            )
         elif "error" in t:
             rows.append({"target": f"waddle/TorchRL fwd+bwd >= 2x ({n} envs)", "value": "TorchRL failed", "ok": "n/a"})
         j = _RESULTS.get(f"jax_{n}")
         if j:
-            rows.append({"target": f"overhead vs pure-JAX <= 15% ({n} envs)", "value": f"{100 * j['overhead']:.1f}%", "ok": j["overhead"] <= 0.15})
-            rows.append({"target": f"  of which bridge (vs its own step programs) ({n} envs)", "value": f"{100 * j['bridge_only_overhead']:.1f}%", "ok": ""})
+            rows.append(
+                {
+                    "target": f"overhead vs pure-JAX <= 15% ({n} envs)",
+                    "value": f"{100 * j['overhead']:.1f}%",
+                    "ok": j["overhead"] <= 0.15,
+                }
+            )
+            rows.append(
+                {
+                    "target": f"  of which bridge (vs its own step programs) ({n} envs)",
+                    "value": f"{100 * j['bridge_only_overhead']:.1f}%",
+                    "ok": "",
+                }
+            )
     m = _RESULTS.get("memory_waddle")
     if m:
-        rows.append({"target": f"RSS growth < 50 MB over {m['steps']} steps", "value": f"{m['growth_mb']:.1f} MB", "ok": m["growth_mb"] < 50})
+        rows.append(
+            {
+                "target": f"RSS growth < 50 MB over {m['steps']} steps",
+                "value": f"{m['growth_mb']:.1f} MB",
+                "ok": m["growth_mb"] < 50,
+            }
+        )
     if rows:
         print_table("targets", rows, ["target", "value", "ok"])
 
@@ -526,14 +563,23 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer iterations (compile time still dominates on CPU)")
     parser.add_argument("--task", default="ant")
-    parser.add_argument("--backend", default="generalized", help="Brax pipeline (TorchRL's BraxEnv(name) uses the default, generalized)")
+    parser.add_argument(
+        "--backend", default="generalized", help="Brax pipeline (TorchRL's BraxEnv(name) uses the default, generalized)"
+    )
     parser.add_argument("--sizes", type=int, nargs="+", default=[16, 128])
     parser.add_argument("--horizon", type=int, default=16)
     parser.add_argument("--iters", type=int, default=None, help="timed iterations after the first (default 5, quick 2)")
     parser.add_argument("--memory-steps", type=int, default=1000)
     parser.add_argument("--memory-envs", type=int, default=16)
-    parser.add_argument("--memory-torchrl", action=argparse.BooleanOptionalAction, default=None, help="also measure TorchRL's RSS growth (default: off in --quick)")
-    parser.add_argument("--mode-sizes", type=int, nargs="+", default=None, help="batch sizes for the modes section (default: 16)")
+    parser.add_argument(
+        "--memory-torchrl",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="also measure TorchRL's RSS growth (default: off in --quick)",
+    )
+    parser.add_argument(
+        "--mode-sizes", type=int, nargs="+", default=None, help="batch sizes for the modes section (default: 16)"
+    )
     parser.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=list(SECTIONS))
     parser.add_argument(
         "--threads",
@@ -543,7 +589,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         "pool spinning next to XLA's threads slows both down several times on a small CPU; "
         "0 keeps torch's default)",
     )
-    parser.add_argument("--jax-cache", default=os.path.expanduser("~/.cache/waddle/jax"), help="JAX persistent compilation cache dir ('' to disable)")
+    parser.add_argument(
+        "--jax-cache",
+        default=os.path.expanduser("~/.cache/waddle/jax"),
+        help="JAX persistent compilation cache dir ('' to disable)",
+    )
     parser.add_argument("--json", default=None, help="also write all results to this JSON file")
     args = parser.parse_args(argv)
     if args.iters is None:

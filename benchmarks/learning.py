@@ -74,7 +74,8 @@ def format_outcome(o: Outcome) -> str:
     details = (
         f"return {e['mean_return']:.2f}, length {e['mean_episode_length']:.0f}, "
         f"forward speed {e['mean_forward_speed']:.3f} m/s, falls {100 * e['fall_rate']:.0f}%"
-        if e else ""
+        if e
+        else ""
     )
     figures = f"{o.part:<10} {str(o.reached):<8} {o.minutes:>8.1f} {o.env_steps:>12,} {o.eval_minutes:>9.1f}"
     return f"{figures}  {details} {o.note}"
@@ -143,8 +144,14 @@ def ppo_part(part: str, task: str, args: argparse.Namespace, holds) -> tuple[Out
         return math.isfinite(length) and length >= STANDING_LENGTH
 
     return train_until(
-        part, trainer, eval_env, holds, steps_per_iteration=trainer.steps_per_iteration,
-        minutes_limit=args.standing_minutes, may_hold=may_hold, eval_every=10**9,
+        part,
+        trainer,
+        eval_env,
+        holds,
+        steps_per_iteration=trainer.steps_per_iteration,
+        minutes_limit=args.standing_minutes,
+        may_hold=may_hold,
+        eval_every=10**9,
     )
 
 
@@ -175,13 +182,14 @@ WALK_HEADER = (
 
 def format_command_outcome(o: CommandOutcome) -> str:
     f = o.final
-    reached = (f"{'yes':>7} {o.minutes:>7.1f} {o.env_steps:>10,}" if o.reached else f"{'no':>7} {'':>7} {'':>10}")
+    reached = f"{'yes':>7} {o.minutes:>7.1f} {o.env_steps:>10,}" if o.reached else f"{'no':>7} {'':>7} {'':>10}"
     figures = (
         f"{100 * (1 - f['fall_rate']):>8.1f} {f['mean_forward_speed']:>7.3f} "
         f"{abs(f['mean_forward_speed'] - o.command):>6.3f} {f['mean_lateral_speed']:>7.3f} "
         f"{f['yaw_drift_deg']:>5.1f} {f['yaw_drift_p95_deg']:>5.1f} {100 * f['foot_clearance']:>8.2f} "
         f"{f['step_frequency_hz']:>7.2f}"
-        if f else "(no final evaluation)"
+        if f
+        else "(no final evaluation)"
     )
     return f"{o.part:<12} {o.seed:>4} {o.command:>5.2f} {reached} | {figures}"
 
@@ -239,9 +247,14 @@ def shac_part(args: argparse.Namespace, target_return: float, ppo_steps: int) ->
     config = SHACConfig()
     trainer = SHAC(env, config)
     outcome, _ = train_until(
-        "shac", trainer, eval_env, lambda result: result.mean_return >= target_return,
-        steps_per_iteration=trainer.steps_per_iteration, minutes_limit=args.shac_minutes,
-        may_hold=lambda metrics: False, eval_every=args.eval_every,
+        "shac",
+        trainer,
+        eval_env,
+        lambda result: result.mean_return >= target_return,
+        steps_per_iteration=trainer.steps_per_iteration,
+        minutes_limit=args.shac_minutes,
+        may_hold=lambda metrics: False,
+        eval_every=args.eval_every,
     )
     if outcome.reached:
         outcome.note = f"{ppo_steps / max(outcome.env_steps, 1):.1f}x fewer env steps than PPO (target >= 10x)"
@@ -261,10 +274,15 @@ def main() -> None:
         "--walk-steps", type=int, default=None, help="walk, speed-range: env steps per run (default: waddle train's)"
     )
     parser.add_argument("--standing-minutes", type=float, default=20.0, help="give up standing after this long")
-    parser.add_argument("--walking-minutes", type=float, default=60.0, help="stop a walking run after this much training")
+    parser.add_argument(
+        "--walking-minutes", type=float, default=60.0, help="stop a walking run after this much training"
+    )
     parser.add_argument("--shac-minutes", type=float, default=60.0, help="give up SHAC after this much training")
     parser.add_argument(
-        "--ppo-standing", nargs=2, type=float, metavar=("RETURN", "STEPS"),
+        "--ppo-standing",
+        nargs=2,
+        type=float,
+        metavar=("RETURN", "STEPS"),
         help="SHAC's target from an earlier standing measurement, instead of measuring it again",
     )
     parser.add_argument("--seed", type=int, default=0)
@@ -273,7 +291,9 @@ def main() -> None:
     torch.set_num_threads(1)  # the physics has its own threads; one torch thread is fastest on 2 busy cores
 
     cores, load = len(os.sched_getaffinity(0)), os.getloadavg()[0]
-    print(f"waddle learning benchmark: {cores} CPU cores (load average {load:.1f}), torch {torch.__version__}", flush=True)
+    print(
+        f"waddle learning benchmark: {cores} CPU cores (load average {load:.1f}), torch {torch.__version__}", flush=True
+    )
     outcomes: list[Outcome] = []
     target = None  # (PPO's standing return, its env steps): what SHAC has to reach
     if args.ppo_standing is not None:
@@ -308,7 +328,9 @@ def main() -> None:
             print(format_command_outcome(o))
     if args.json:
         with open(args.json, "w") as file:
-            json.dump({"outcomes": [asdict(o) for o in outcomes], "walking": [asdict(o) for o in walking]}, file, indent=2)
+            json.dump(
+                {"outcomes": [asdict(o) for o in outcomes], "walking": [asdict(o) for o in walking]}, file, indent=2
+            )
 
 
 if __name__ == "__main__":

@@ -119,7 +119,10 @@ def main() -> None:
         bare = bare_backend_rate(size, args.steps, args.threads)
         limit = c_limit_rate(size, args.steps, args.threads)
         results[size] = ours
-        print(f"{size:>6} {ours:>11,.0f} {bare:>13,.0f} {limit:>9,.0f} {ours / limit:>8.2f} {ours / bare:>11.2f}", flush=True)
+        print(
+            f"{size:>6} {ours:>11,.0f} {bare:>13,.0f} {limit:>9,.0f} {ours / limit:>8.2f} {ours / bare:>11.2f}",
+            flush=True,
+        )
 
     parallel = args.torchrl_parallel
     if parallel is None:

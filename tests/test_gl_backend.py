@@ -92,7 +92,11 @@ def test_a_machine_without_any_gl_library_imports_steps_and_explains():
     assert "MUJOCO_GL disable" in result.stdout
     assert "finite True" in result.stdout
     error = result.stdout.split("error ", 1)[1]
-    for fragment in ("osmesa: libOSMesa not found (asked for by MUJOCO_GL)", "egl: libEGL not found", "glfw: no display"):
+    for fragment in (
+        "osmesa: libOSMesa not found (asked for by MUJOCO_GL)",
+        "egl: libEGL not found",
+        "glfw: no display",
+    ):
         assert fragment in error
     assert "apt-get install libosmesa6" in error
 

@@ -40,7 +40,9 @@ def write_video(path: str | Path, frames: torch.Tensor | np.ndarray | Sequence, 
         )
     path = Path(path)
     with atomic_path(path) as tmp:
-        with imageio.get_writer(tmp, format="FFMPEG", fps=fps, codec="libx264", macro_block_size=1, quality=7) as writer:
+        with imageio.get_writer(
+            tmp, format="FFMPEG", fps=fps, codec="libx264", macro_block_size=1, quality=7
+        ) as writer:
             for frame in frames:
                 writer.append_data(frame)
     return path

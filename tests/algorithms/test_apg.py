@@ -82,8 +82,7 @@ def test_non_finite_loss_skips_the_update_and_says_so():
 
 def test_stochastic_apg_with_adjoint_clipping_reports_its_statistics():
     torch.manual_seed(0)
-    config = APGConfig(horizon=3, actor_hidden_sizes=(8,), stochastic_policy=True,
-                       action_adjoint_max_norm=1e-3)
+    config = APGConfig(horizon=3, actor_hidden_sizes=(8,), stochastic_policy=True, action_adjoint_max_norm=1e-3)
     metrics = APG(DiffPointEnv(4, action_bound=1.0), config).train_iteration()
     assert metrics["action_adjoint/num_samples"] == 12.0
     assert 0.0 <= metrics["action_adjoint/clipped_fraction"] <= 1.0

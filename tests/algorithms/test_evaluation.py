@@ -29,9 +29,7 @@ class ScriptedEnv(EnvBase):
 
     def __init__(self):
         super().__init__(batch_size=torch.Size([2]))
-        self.observation_spec = Composite(
-            observation=Unbounded((2, 8)), command=Unbounded((2, 2)), shape=(2,)
-        )
+        self.observation_spec = Composite(observation=Unbounded((2, 8)), command=Unbounded((2, 2)), shape=(2,))
         self.action_spec = Bounded(-1.0, 1.0, (2, 1))
         self.reward_spec = Unbounded((2, 1))
         self.done_spec = Composite(
@@ -58,8 +56,13 @@ class ScriptedEnv(EnvBase):
         terminated = torch.tensor([[False], [self.t >= 2]])
         truncated = torch.tensor([[self.t >= 4], [False]])
         return TensorDict(
-            {**self._observation(), "reward": torch.ones(2, 1), "terminated": terminated,
-             "truncated": truncated, "done": terminated | truncated},
+            {
+                **self._observation(),
+                "reward": torch.ones(2, 1),
+                "terminated": terminated,
+                "truncated": truncated,
+                "done": terminated | truncated,
+            },
             [2],
         )
 

@@ -17,8 +17,16 @@ CONFIG = PPOConfig(num_steps=4, num_epochs=1, num_minibatches=2, actor_hidden_si
 
 def run_three_iterations(out, logger):
     trainer = PPO(DiffPointEnv(8, action_bound=1.0, max_steps=6), CONFIG)
-    runner = Runner(trainer, out, algo="ppo", config={"run": {"task": "point"}}, total_steps=3 * 32,
-                    plot_every_s=3600.0, progress=False, logger=logger)
+    runner = Runner(
+        trainer,
+        out,
+        algo="ppo",
+        config={"run": {"task": "point"}},
+        total_steps=3 * 32,
+        plot_every_s=3600.0,
+        progress=False,
+        logger=logger,
+    )
     assert runner.run().status == "finished"
     if logger is not None:
         logger.close()

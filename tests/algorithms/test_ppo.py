@@ -161,8 +161,14 @@ def test_rollout_shapes_and_counters():
 
 def test_ppo_improves_point_mass():
     torch.manual_seed(0)
-    config = PPOConfig(num_steps=25, num_epochs=5, num_minibatches=4, learning_rate=3e-3, actor_hidden_sizes=(32, 32),
-                       critic_hidden_sizes=(32, 32))
+    config = PPOConfig(
+        num_steps=25,
+        num_epochs=5,
+        num_minibatches=4,
+        learning_rate=3e-3,
+        actor_hidden_sizes=(32, 32),
+        critic_hidden_sizes=(32, 32),
+    )
     trainer = PPO(point_env(32), config)
     returns = [trainer.train_iteration()["charts/episode_return"] for _ in range(12)]
     assert math.isfinite(returns[0])

@@ -16,13 +16,27 @@ from waddle.algorithms.shac import SHACConfig
 
 def test_the_configs_name_shared_hyperparameters_alike():
     names = {cls: {field.name for field in dataclasses.fields(cls)} for cls in (PPOConfig, SHACConfig, APGConfig)}
-    for shared in ("actor_hidden_sizes", "init_log_std", "learning_rate", "gamma", "max_grad_norm",
-                   "normalize_observations"):
+    for shared in (
+        "actor_hidden_sizes",
+        "init_log_std",
+        "learning_rate",
+        "gamma",
+        "max_grad_norm",
+        "normalize_observations",
+    ):
         assert all(shared in fields for fields in names.values()), shared
     for shared in ("critic_hidden_sizes", "gae_lambda", "num_epochs", "num_minibatches"):
         assert shared in names[PPOConfig] and shared in names[SHACConfig], shared
-    old = {"actor_hidden", "critic_hidden", "init_std", "lam", "actor_lr", "critic_lr", "critic_iterations",
-           "critic_minibatches"}
+    old = {
+        "actor_hidden",
+        "critic_hidden",
+        "init_std",
+        "lam",
+        "actor_lr",
+        "critic_lr",
+        "critic_iterations",
+        "critic_minibatches",
+    }
     assert not old & set().union(*names.values())
 
 

@@ -164,10 +164,20 @@ def png_size(path):
 
 
 def test_curve_gains_a_reward_term_panel(tmp_path):
-    rows = [{"env_steps": 32.0 * i, "charts/episode_return": float(i), "charts/episode_length": 10.0,
-             "reward/upright": 0.1 * i, "reward/pose": -0.05} for i in range(1, 4)]
+    rows = [
+        {
+            "env_steps": 32.0 * i,
+            "charts/episode_return": float(i),
+            "charts/episode_length": 10.0,
+            "reward/upright": 0.1 * i,
+            "reward/pose": -0.05,
+        }
+        for i in range(1, 4)
+    ]
     plot_curve(rows, tmp_path / "with.png")
-    plot_curve([{key: value for key, value in row.items() if not key.startswith("reward/")} for row in rows],
-               tmp_path / "without.png")
+    plot_curve(
+        [{key: value for key, value in row.items() if not key.startswith("reward/")} for row in rows],
+        tmp_path / "without.png",
+    )
     assert png_size(tmp_path / "without.png") == (700, 600)  # 7 x 3 inches per panel at 100 dpi
     assert png_size(tmp_path / "with.png") == (700, 900)

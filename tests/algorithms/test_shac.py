@@ -20,8 +20,9 @@ def single_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-SMALL = dict(actor_hidden_sizes=(16,), critic_hidden_sizes=(16,), num_epochs=2,
-             num_minibatches=2)
+
+
+SMALL = dict(actor_hidden_sizes=(16,), critic_hidden_sizes=(16,), num_epochs=2, num_minibatches=2)
 
 
 def test_actor_loss_adds_the_bootstrapped_value_where_each_env_stops():
@@ -40,8 +41,7 @@ def test_actor_loss_adds_the_bootstrapped_value_where_each_env_stops():
 
 def test_critic_loss_is_the_mean_squared_error():
     # ((1 - 0)^2 + (2 - 4)^2) / 2 = 2.5
-    torch.testing.assert_close(critic_loss(torch.tensor([1.0, 2.0]), torch.tensor([0.0, 4.0])),
-                               torch.tensor(2.5))
+    torch.testing.assert_close(critic_loss(torch.tensor([1.0, 2.0]), torch.tensor([0.0, 4.0])), torch.tensor(2.5))
 
 
 def test_polyak_update_keeps_alpha_of_the_target():
@@ -59,8 +59,7 @@ def test_one_iteration_updates_target_critic_normalizer_and_cuts_the_graph():
     trainer = SHAC(env, SHACConfig(horizon=5, target_critic_alpha=0.2, **SMALL))
     target_before = [p.detach().clone() for p in trainer.target_critic.parameters()]
     metrics = trainer.train_iteration()
-    for old, new, critic in zip(target_before, trainer.target_critic.parameters(),
-                                trainer.critic.parameters()):
+    for old, new, critic in zip(target_before, trainer.target_critic.parameters(), trainer.critic.parameters()):
         torch.testing.assert_close(new, 0.2 * old + 0.8 * critic)
     assert not any(p.requires_grad for p in trainer.target_critic.parameters())
     assert trainer.normalizer.count.item() == 5 * 4
@@ -90,8 +89,15 @@ def test_state_dict_round_trip():
     trainer = SHAC(DiffPointEnv(4), config)
     trainer.train_iteration()
     state = trainer.state_dict()
-    assert set(state) == {"actor", "critic", "target_critic", "actor_optimizer",
-                          "critic_optimizer", "normalizer", "iteration"}
+    assert set(state) == {
+        "actor",
+        "critic",
+        "target_critic",
+        "actor_optimizer",
+        "critic_optimizer",
+        "normalizer",
+        "iteration",
+    }
     restored = SHAC(DiffPointEnv(4), config)
     restored.load_state_dict(state)
     for name in ("actor", "critic", "target_critic", "normalizer"):
@@ -114,9 +120,9 @@ def test_config_rejects_bad_values():
 def _evaluate(trainer: SHAC) -> float:
     """Mean 40-step return of the deterministic policy from fixed start states."""
     env = DiffPointEnv(64, max_steps=40, bound=3.0, action_bound=1.0, init_scale=1.0, seed=123)
-    collector = DifferentiableCollector(env, trainer.actor, "cpu",
-                                        observation_normalizer=trainer.normalizer,
-                                        clip_actions_to_space=True)
+    collector = DifferentiableCollector(
+        env, trainer.actor, "cpu", observation_normalizer=trainer.normalizer, clip_actions_to_space=True
+    )
     with torch.no_grad():
         rollout = collector.collect(40, deterministic=True)
     return float((rollout.rewards * rollout.alive_mask).sum(0).mean())
@@ -125,10 +131,17 @@ def _evaluate(trainer: SHAC) -> float:
 def test_shac_improves_the_return_on_the_point_mass(single_thread):
     torch.manual_seed(0)
     env = DiffPointEnv(16, max_steps=40, bound=3.0, action_bound=1.0, init_scale=1.0)
-    config = SHACConfig(horizon=16, gamma=0.95, learning_rate=1e-2, critic_learning_rate=5e-3,
-                        actor_hidden_sizes=(32, 32), critic_hidden_sizes=(32, 32),
-                        num_epochs=4, num_minibatches=2,
-                        normalize_observations=False)
+    config = SHACConfig(
+        horizon=16,
+        gamma=0.95,
+        learning_rate=1e-2,
+        critic_learning_rate=5e-3,
+        actor_hidden_sizes=(32, 32),
+        critic_hidden_sizes=(32, 32),
+        num_epochs=4,
+        num_minibatches=2,
+        normalize_observations=False,
+    )
     trainer = SHAC(env, config)
     before = _evaluate(trainer)
     for _ in range(8):

@@ -272,7 +272,9 @@ def test_batch_chunks_and_fed_back_state_match_jax_grad(mode, chunks):
         grads = jax.jit(jax.grad(jax_loss, argnums=(0, 1, 2)))(*args)
     assert loss.item() == pytest.approx(ref, rel=1e-12)
     for tensor, expected in zip((p0, v0, actions), grads):
-        torch.testing.assert_close(tensor.grad, torch.from_numpy(jax.device_get(expected).copy()), rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(
+            tensor.grad, torch.from_numpy(jax.device_get(expected).copy()), rtol=1e-10, atol=1e-12
+        )
 
 
 def test_fed_back_outputs_link_the_nodes_directly():

@@ -24,14 +24,24 @@ from waddle.cli.main import main
 from waddle.files import default_file_mode
 
 TINY = [
-    "--num-envs", "16",
-    "--num-steps", "16",
-    "--num-epochs", "2",
-    "--num-minibatches", "2",
-    "--actor-hidden-sizes", "32", "32",
-    "--critic-hidden-sizes", "32", "32",
-    "--checkpoint-every", "3",
-    "--video-frames", "10",
+    "--num-envs",
+    "16",
+    "--num-steps",
+    "16",
+    "--num-epochs",
+    "2",
+    "--num-minibatches",
+    "2",
+    "--actor-hidden-sizes",
+    "32",
+    "32",
+    "--critic-hidden-sizes",
+    "32",
+    "32",
+    "--checkpoint-every",
+    "3",
+    "--video-frames",
+    "10",
     "--no-progress",
 ]
 STEPS_PER_ITERATION = 16 * 16
@@ -136,8 +146,16 @@ def test_one_flag_per_hyperparameter_shared_by_the_algorithms():
     parser = build_parser()
     train = parser._subparsers._group_actions[0].choices["train"]
     helps = {flag: action.help for action in train._actions for flag in action.option_strings}
-    for old in ("--actor-hidden", "--critic-hidden", "--init-std", "--lam", "--actor-lr", "--critic-lr",
-                "--critic-iterations", "--critic-minibatches"):
+    for old in (
+        "--actor-hidden",
+        "--critic-hidden",
+        "--init-std",
+        "--lam",
+        "--actor-lr",
+        "--critic-lr",
+        "--critic-iterations",
+        "--critic-minibatches",
+    ):
         assert old not in helps, old
     assert "ppo: 5; shac: 16" in helps["--num-epochs"]
     assert "ppo: 0.95; shac: 0.95" in helps["--gae-lambda"]

@@ -39,8 +39,9 @@ def open_loop_policy(actions: torch.Tensor) -> TensorDictModule:
     return TensorDictModule(OpenLoop(actions), in_keys=["observation"], out_keys=["action"])
 
 
-def reference_rollout(env: DiffPointEnv, net: nn.Module, obs0: torch.Tensor, num_steps: int,
-                      normalizer: nn.Module | None = None) -> torch.Tensor:
+def reference_rollout(
+    env: DiffPointEnv, net: nn.Module, obs0: torch.Tensor, num_steps: int, normalizer: nn.Module | None = None
+) -> torch.Tensor:
     """The point-mass dynamics written out by hand; returns rewards ``[T, N]``."""
     pos, vel = obs0[:, :1], obs0[:, 1:]
     rewards = []
@@ -251,13 +252,9 @@ def test_collect_rejects_non_positive_num_steps(num_steps):
 @pytest.mark.parametrize("max_norm", [-1.0, float("nan")])
 def test_rejects_negative_action_adjoint_max_norm(max_norm):
     with pytest.raises(ValueError, match="action_adjoint_max_norm"):
-        DifferentiableCollector(
-            DiffPointEnv(2), linear_policy(), "cpu", action_adjoint_max_norm=max_norm
-        )
+        DifferentiableCollector(DiffPointEnv(2), linear_policy(), "cpu", action_adjoint_max_norm=max_norm)
 
 
 def test_clipping_actions_needs_a_bounded_action_spec():
     with pytest.raises(TypeError, match="clip_actions_to_space"):
-        DifferentiableCollector(
-            DiffPointEnv(2, action_bound=None), linear_policy(), "cpu", clip_actions_to_space=True
-        )
+        DifferentiableCollector(DiffPointEnv(2, action_bound=None), linear_policy(), "cpu", clip_actions_to_space=True)

@@ -24,14 +24,13 @@ from torchrl.envs import EnvBase
 class _TorchStateEnv(EnvBase):
     """Shared spec, seeding, partial-reset and step-count plumbing."""
 
-    def __init__(self, *, num_envs: int, obs_dim: int, action_dim: int, max_steps: int,
-                 action_bound: float | None, seed: int) -> None:
+    def __init__(
+        self, *, num_envs: int, obs_dim: int, action_dim: int, max_steps: int, action_bound: float | None, seed: int
+    ) -> None:
         super().__init__(device="cpu", batch_size=torch.Size([num_envs]))
         n = num_envs
         self.max_steps = max_steps
-        self.observation_spec = Composite(
-            observation=Unbounded((n, obs_dim)), shape=(n,)
-        )
+        self.observation_spec = Composite(observation=Unbounded((n, obs_dim)), shape=(n,))
         if action_bound is None:
             self.action_spec = Unbounded((n, action_dim))
         else:
@@ -64,8 +63,12 @@ class _TorchStateEnv(EnvBase):
         if terminated is None:
             terminated = torch.zeros(n, 1, dtype=torch.bool)
         truncated = (self.steps >= self.max_steps).reshape(n, 1) & ~terminated
-        out = {"observation": observation, "terminated": terminated,
-               "truncated": truncated, "done": terminated | truncated}
+        out = {
+            "observation": observation,
+            "terminated": terminated,
+            "truncated": truncated,
+            "done": terminated | truncated,
+        }
         if reward is not None:
             if self.poison_reward:
                 reward = reward * float("nan")
@@ -76,16 +79,33 @@ class _TorchStateEnv(EnvBase):
 class DiffPointEnv(_TorchStateEnv):
     """Batched point mass in ``dim`` dimensions; see the module docstring."""
 
-    def __init__(self, num_envs: int = 4, *, dim: int = 1, dt: float = 0.1, goal: float = 0.5,
-                 bound: float = 2.0, max_steps: int = 50, init_scale: float = 0.5,
-                 ctrl_cost: float = 0.0, action_bound: float | None = None,
-                 init_pos: list[float] | None = None, seed: int = 0) -> None:
+    def __init__(
+        self,
+        num_envs: int = 4,
+        *,
+        dim: int = 1,
+        dt: float = 0.1,
+        goal: float = 0.5,
+        bound: float = 2.0,
+        max_steps: int = 50,
+        init_scale: float = 0.5,
+        ctrl_cost: float = 0.0,
+        action_bound: float | None = None,
+        init_pos: list[float] | None = None,
+        seed: int = 0,
+    ) -> None:
         self.dim, self.dt, self.goal, self.bound = dim, dt, goal, bound
         # Fixed per-env start positions (broadcast over dims) instead of random ones.
         self.init_pos = None if init_pos is None else torch.tensor(init_pos)[:, None]
         self.init_scale, self.ctrl_cost = init_scale, ctrl_cost
-        super().__init__(num_envs=num_envs, obs_dim=2 * dim, action_dim=dim,
-                         max_steps=max_steps, action_bound=action_bound, seed=seed)
+        super().__init__(
+            num_envs=num_envs,
+            obs_dim=2 * dim,
+            action_dim=dim,
+            max_steps=max_steps,
+            action_bound=action_bound,
+            seed=seed,
+        )
         self.pos = torch.zeros(num_envs, dim)
         self.vel = torch.zeros(num_envs, dim)
 
@@ -120,11 +140,19 @@ class DiffPointEnv(_TorchStateEnv):
 class LinearSystemEnv(_TorchStateEnv):
     """The scalar system ``x' = a x + b u``; see the module docstring."""
 
-    def __init__(self, num_envs: int = 64, *, a: float = 1.1, b: float = 0.5, rho: float = 0.1,
-                 max_steps: int = 3, init_scale: float = 1.0, seed: int = 0) -> None:
+    def __init__(
+        self,
+        num_envs: int = 64,
+        *,
+        a: float = 1.1,
+        b: float = 0.5,
+        rho: float = 0.1,
+        max_steps: int = 3,
+        init_scale: float = 1.0,
+        seed: int = 0,
+    ) -> None:
         self.a, self.b, self.rho, self.init_scale = a, b, rho, init_scale
-        super().__init__(num_envs=num_envs, obs_dim=1, action_dim=1,
-                         max_steps=max_steps, action_bound=None, seed=seed)
+        super().__init__(num_envs=num_envs, obs_dim=1, action_dim=1, max_steps=max_steps, action_bound=None, seed=seed)
         self.x = torch.zeros(num_envs, 1)
 
     def _reset(self, tensordict: TensorDict | None = None, **kwargs) -> TensorDict:

@@ -27,8 +27,6 @@ def c_rollout(model, qpos, qvel, controls, frame_skip, site_names, geom_names):
         out["time"].append(np.array([d.time for d in datas]))
         out["sites"].append(np.stack([d.site_xpos[site_ids].copy() for d in datas]))
         out["contacts"].append(
-            np.array(
-                [[bool((d.contact.geom[: d.ncon] == g).any()) for g in geom_ids] for d in datas]
-            )
+            np.array([[bool((d.contact.geom[: d.ncon] == g).any()) for g in geom_ids] for d in datas])
         )
     return {k: np.stack(v) for k, v in out.items()}

@@ -11,10 +11,9 @@ from __future__ import annotations
 import mujoco
 import pytest
 import torch
+from helpers.ball_arm import BALL_ARM_XML, GEOMS, NUM_ENVS, SITES, ball_arm_start
 
 from waddle.physics import BACKENDS, backend_available, make_backend
-
-from helpers.ball_arm import BALL_ARM_XML, GEOMS, NUM_ENVS, SITES, ball_arm_start
 
 BACKEND_PARAMS = [
     pytest.param(

@@ -42,6 +42,8 @@ import mujoco
 import numpy as np
 import pytest
 import torch
+from helpers.mujoco_c import c_rollout
+from helpers.rollout import backend_rollout
 
 from waddle.envs.microduck.constants import (
     EMBEDDED_SCENE,
@@ -51,9 +53,6 @@ from waddle.envs.microduck.constants import (
     STAND_KEYFRAME,
 )
 from waddle.physics import backend_available, make_backend
-
-from helpers.mujoco_c import c_rollout
-from helpers.rollout import backend_rollout
 
 NUM_ENVS, FRAME_SKIP, STEPS = 2, 10, 20
 SITES = (*FOOT_SITES, IMU_SITE)

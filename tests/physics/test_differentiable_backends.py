@@ -10,9 +10,9 @@ MicroDuck is checked in ``test_microduck_parity.py``.
 import mujoco
 import pytest
 import torch
+from helpers.gradients import central_difference
 
 from waddle.physics import make_backend
-from helpers.gradients import central_difference
 
 pytest.importorskip("jax", reason="the mjx extra is part of the test install: pip install -e '.[all,dev]'")
 
@@ -60,7 +60,9 @@ def _start(sim):
 
 def _controls(steps):
     t = torch.arange(steps, dtype=torch.float64).unsqueeze(-1)
-    return torch.stack([torch.cat([0.5 * torch.sin(t), 2.0 + 0.0 * t], -1), torch.cat([-0.3 + 0.0 * t, 3.0 * torch.cos(t)], -1)], 1)
+    return torch.stack(
+        [torch.cat([0.5 * torch.sin(t), 2.0 + 0.0 * t], -1), torch.cat([-0.3 + 0.0 * t, 3.0 * torch.cos(t)], -1)], 1
+    )
 
 
 @pytest.mark.parametrize("name", BACKENDS)

@@ -20,9 +20,10 @@ import torch
 
 pytest.importorskip("mujoco.mjx", reason="needs the mjx extra: pip install 'waddle[mjx]'")
 
+from helpers.gradients import central_difference  # noqa: E402
+
 from waddle.envs.microduck.constants import EMBEDDED_SCENE, FOOT_SITES, IMU_SITE, STAND_KEYFRAME  # noqa: E402
 from waddle.physics import make_backend  # noqa: E402
-from helpers.gradients import central_difference  # noqa: E402
 
 FRAME_SKIP, STEPS, NUM_ENVS = 10, 3, 2
 

@@ -75,9 +75,7 @@ def test_trajectories_match_mj_step():
     np.testing.assert_allclose(sim.qpos.numpy(), expected_qpos, atol=1e-6)
     np.testing.assert_allclose(sim.qvel.numpy(), np.stack([d.qvel for d in datas]), atol=1e-4)
     np.testing.assert_allclose(sim.time.numpy(), steps * FRAME_SKIP * sim.model.opt.timestep)
-    np.testing.assert_allclose(
-        sim.site_positions().numpy(), np.stack([d.site_xpos[[1, 0]] for d in datas]), atol=1e-6
-    )
+    np.testing.assert_allclose(sim.site_positions().numpy(), np.stack([d.site_xpos[[1, 0]] for d in datas]), atol=1e-6)
     box = mujoco.mj_name2id(sim.model, mujoco.mjtObj.mjOBJ_GEOM, "box")
     touching = [any(box in (c.geom1, c.geom2) for c in d.contact) for d in datas]
     assert sim.contacts()[:, 0].tolist() == touching

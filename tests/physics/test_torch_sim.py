@@ -19,11 +19,12 @@ import torch
 
 pytest.importorskip("mujoco_torch", reason="needs the torch-sim extra: pip install 'waddle[torch-sim]'")
 
-from waddle.physics.torch_sim import MujocoTorchBackend  # noqa: E402
 from helpers.ball_arm import BALL_ARM_XML, GEOMS, NUM_ENVS, PENDULUM_XML, SITES, ball_arm_start  # noqa: E402
+from helpers.gradients import assert_pendulum_gradients  # noqa: E402
 from helpers.mujoco_c import c_rollout  # noqa: E402
 from helpers.rollout import backend_rollout  # noqa: E402
-from helpers.gradients import assert_pendulum_gradients  # noqa: E402
+
+from waddle.physics.torch_sim import MujocoTorchBackend  # noqa: E402
 
 FRAME_SKIP, STEPS = 2, 20
 

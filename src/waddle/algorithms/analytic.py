@@ -33,12 +33,7 @@ def check_common_config(config) -> None:
     if config.max_grad_norm < 0.0:
         raise ValueError(f"max_grad_norm must be >= 0 (0 disables), got {config.max_grad_norm}.")
     if config.action_adjoint_max_norm < 0.0:
-        raise ValueError(
-            "action_adjoint_max_norm must be >= 0 (0 disables), "
-            f"got {config.action_adjoint_max_norm}."
-        )
-
-
+        raise ValueError(f"action_adjoint_max_norm must be >= 0 (0 disables), got {config.action_adjoint_max_norm}.")
 
 
 class GaussianHead(nn.Module):
@@ -76,9 +71,7 @@ def build_actor(
         in_keys=["observation"],
         out_keys=["loc", "scale"],
     )
-    return ProbabilisticActor(
-        head, in_keys=["loc", "scale"], distribution_class=IndependentNormal
-    )
+    return ProbabilisticActor(head, in_keys=["loc", "scale"], distribution_class=IndependentNormal)
 
 
 def guarded_step(

@@ -93,9 +93,7 @@ class APG:
         self.device = torch.device(device)
         self.steps_per_iteration = config.horizon * env.batch_size[0]
         self.normalizer, self.actor, self.collector = build_policy_and_collector(env, config, self.device)
-        self.optimizer = torch.optim.Adam(
-            self.actor.parameters(), lr=config.learning_rate, betas=config.adam_betas
-        )
+        self.optimizer = torch.optim.Adam(self.actor.parameters(), lr=config.learning_rate, betas=config.adam_betas)
         self.iteration = 0
 
     def train_iteration(self) -> dict[str, float]:

@@ -125,9 +125,7 @@ def _normalised(value: Any) -> Any:
     return value
 
 
-def check_compatible(
-    saved: Mapping[str, Any], requested: Mapping[str, Any], *, ignore: Iterable[str] = ()
-) -> None:
+def check_compatible(saved: Mapping[str, Any], requested: Mapping[str, Any], *, ignore: Iterable[str] = ()) -> None:
     """Refuse to resume a run whose configuration differs from the checkpoint's.
 
     Raises:

@@ -226,8 +226,9 @@ def evaluate(
 
 
 @torch.no_grad()
-def film(env: EnvBase, policy: nn.Module, path: str | Path, *, frames: int = 250,
-         size: tuple[int, int] = (320, 240)) -> None:
+def film(
+    env: EnvBase, policy: nn.Module, path: str | Path, *, frames: int = 250, size: tuple[int, int] = (320, 240)
+) -> None:
     """Film env 0 of ``env`` under ``policy`` for ``frames`` control steps to an mp4 file.
 
     Envs that finish an episode are reset and filming goes on.

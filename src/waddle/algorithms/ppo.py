@@ -109,8 +109,9 @@ class NonFiniteLossError(FloatingPointError):
     """A loss or gradient turned NaN or infinite; the update was not applied."""
 
 
-def adapt_learning_rate(lr: float, kl: float, desired_kl: float, *, factor: float = 1.5,
-                        bounds: tuple[float, float] = (1e-5, 1e-2)) -> float:
+def adapt_learning_rate(
+    lr: float, kl: float, desired_kl: float, *, factor: float = 1.5, bounds: tuple[float, float] = (1e-5, 1e-2)
+) -> float:
     """The KL-adaptive step size: divide by ``factor`` when ``kl > 2 desired``,
     multiply by it when ``kl < desired / 2``, then clamp to ``bounds``.
 
@@ -183,7 +184,7 @@ def reward_term_means(step_output: TensorDictBase) -> dict[str, float]:
         {'reward/upright': 2.0}
     """
     return {
-        f"reward/{key[len(REWARD_TERM_PREFIX):]}": float(step_output[key].mean())
+        f"reward/{key[len(REWARD_TERM_PREFIX) :]}": float(step_output[key].mean())
         for key in step_output.keys()
         if isinstance(key, str) and key.startswith(REWARD_TERM_PREFIX)
     }

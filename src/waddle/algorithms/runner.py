@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
 from torchrl.record.loggers import Logger
 
 from waddle.algorithms.checkpoint import atomic_write, save_checkpoint
@@ -203,7 +202,7 @@ def plot_curve(rows: list[Mapping[str, float]], path: str | Path, *, title: str 
         for key in keys:
             values = [row.get(key, math.nan) for row in rows]
             color = None if len(keys) > 1 else ("tab:blue" if index == 0 else "tab:orange")
-            axes.plot(steps, values, color=color, label=key[len(REWARD_TERM_PREFIX):] if len(keys) > 1 else None)
+            axes.plot(steps, values, color=color, label=key[len(REWARD_TERM_PREFIX) :] if len(keys) > 1 else None)
         if len(keys) > 1:
             axes.legend(fontsize="small", loc="best")
         axes.set_ylabel(label)

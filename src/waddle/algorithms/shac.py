@@ -84,9 +84,7 @@ class SHACConfig:
         if not 0.0 <= self.gae_lambda <= 1.0:
             raise ValueError(f"gae_lambda must be in [0, 1], got {self.gae_lambda}.")
         if not 0.0 <= self.target_critic_alpha < 1.0:
-            raise ValueError(
-                f"target_critic_alpha must be in [0, 1), got {self.target_critic_alpha}."
-            )
+            raise ValueError(f"target_critic_alpha must be in [0, 1), got {self.target_critic_alpha}.")
         for name in ("num_epochs", "num_minibatches"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
@@ -110,9 +108,7 @@ def actor_loss(
         gamma: discount factor.
     """
     num_steps, num_envs = rewards.shape
-    returns = horizon_returns(
-        rewards, alive, gamma, next_values=next_values, terminated=terminated
-    )
+    returns = horizon_returns(rewards, alive, gamma, next_values=next_values, terminated=terminated)
     return -returns.sum() / (num_steps * num_envs)
 
 
@@ -140,18 +136,14 @@ class SHAC:
         steps_per_iteration: env steps per iteration, ``horizon * num_envs``.
     """
 
-    def __init__(
-        self, env: EnvBase, config: SHACConfig, device: torch.device | str = "cpu"
-    ) -> None:
+    def __init__(self, env: EnvBase, config: SHACConfig, device: torch.device | str = "cpu") -> None:
         self.env = env
         self.config = config
         self.device = torch.device(device)
         self.steps_per_iteration = config.horizon * env.batch_size[0]
         self.normalizer, self.actor, self.collector = build_policy_and_collector(env, config, self.device)
         obs_dim, _ = env_dims(env)
-        self.critic = mlp(
-            obs_dim, config.critic_hidden_sizes, 1, layer_norm=config.critic_layer_norm
-        ).to(self.device)
+        self.critic = mlp(obs_dim, config.critic_hidden_sizes, 1, layer_norm=config.critic_layer_norm).to(self.device)
         self.target_critic = copy.deepcopy(self.critic).requires_grad_(False)
         self.actor_optimizer = torch.optim.Adam(
             self.actor.parameters(), lr=config.learning_rate, betas=config.adam_betas
@@ -181,9 +173,7 @@ class SHAC:
         loss = actor_loss(rewards, alive, next_values, terminated, cfg.gamma)
         rollout_time = time.perf_counter() - start
         start = time.perf_counter()
-        actor_step = guarded_step(
-            loss, self.actor_optimizer, self.actor.parameters(), cfg.max_grad_norm
-        )
+        actor_step = guarded_step(loss, self.actor_optimizer, self.actor.parameters(), cfg.max_grad_norm)
         actor_time = time.perf_counter() - start
 
         # 2. critic: regress TD(lambda) targets on the alive steps of the detached rollout
@@ -204,9 +194,7 @@ class SHAC:
             order = torch.randperm(b_obs.shape[0], device=b_obs.device)
             for mb_idx in order.chunk(cfg.num_minibatches):
                 mb_loss = critic_loss(self.critic(b_obs[mb_idx]).squeeze(-1), b_targets[mb_idx])
-                step = guarded_step(
-                    mb_loss, self.critic_optimizer, self.critic.parameters(), cfg.max_grad_norm
-                )
+                step = guarded_step(mb_loss, self.critic_optimizer, self.critic.parameters(), cfg.max_grad_norm)
                 critic_losses.append(float(mb_loss.detach()))
                 critic_skipped += step["skipped"]
         critic_time = time.perf_counter() - start

@@ -106,9 +106,7 @@ def td_lambda_targets(
     next_return = next_values[-1]
     for t in reversed(range(num_steps)):
         continues = ~dones[t] if t < num_steps - 1 else torch.zeros_like(dones[t])
-        blend = torch.where(
-            continues, (1.0 - lam) * next_values[t] + lam * next_return, next_values[t]
-        )
+        blend = torch.where(continues, (1.0 - lam) * next_values[t] + lam * next_return, next_values[t])
         blend = torch.where(terminated[t], torch.zeros_like(blend), blend)
         next_return = rewards[t] + gamma * blend
         targets.append(next_return)

@@ -119,8 +119,7 @@ def jax_device(device: torch.device | str | None, user: str) -> Any:
             gpus = jax.devices("gpu")
         except RuntimeError as err:
             raise RuntimeError(
-                f"{user} on {device} needs a CUDA build of JAX (pip install 'jax[cuda12]'); "
-                "this JAX has no GPU device."
+                f"{user} on {device} needs a CUDA build of JAX (pip install 'jax[cuda12]'); this JAX has no GPU device."
             ) from err
         return gpus[device.index or 0]
     raise ValueError(f"{user} runs on 'cpu' or 'cuda' devices, not {device}.")

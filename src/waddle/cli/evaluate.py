@@ -87,7 +87,9 @@ def run(args: argparse.Namespace) -> int:
         env.close()
     trained = f"{checkpoint['algo']}, task {run_config['task']}, {checkpoint['env_steps']} env steps"
     print(f"checkpoint {path} ({trained})")
-    print(f"{args.episodes} episodes of {args.max_steps} steps per command; speeds and drift over the envs that did not fall")
+    print(
+        f"{args.episodes} episodes of {args.max_steps} steps per command; speeds and drift over the envs that did not fall"
+    )
     print(format_table(results))
     if args.video:
         print(f"video: {args.video} (command {commands[0][0]:+.2f}, {commands[0][1]:+.2f})")
@@ -102,7 +104,10 @@ HEADER = (
 
 def format_table(results) -> str:
     """One row per command: the figures of :class:`~waddle.algorithms.evaluation.EvaluationResult`."""
-    rows = [HEADER, f"{'':>14} {'%':>8} {'':>8} {'m/s':>8} {'m/s':>8} {'m/s':>9} {'deg':>9} {'deg':>6} {'cm':>9} {'Hz':>7}"]
+    rows = [
+        HEADER,
+        f"{'':>14} {'%':>8} {'':>8} {'m/s':>8} {'m/s':>8} {'m/s':>9} {'deg':>9} {'deg':>6} {'cm':>9} {'Hz':>7}",
+    ]
     for r in results:
         command = f"{r.command[0]:+.2f},{r.command[1]:+.2f}"
         rows.append(

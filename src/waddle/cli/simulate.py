@@ -14,7 +14,9 @@ from waddle.physics import BACKENDS
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-envs", type=int, default=256, help="simulated robots (default: 256)")
     parser.add_argument("--steps", type=int, default=500, help="control steps at 50 Hz (default: 500)")
-    parser.add_argument("--backend", choices=sorted(BACKENDS), default=None, help="physics backend (default: best for the device)")
+    parser.add_argument(
+        "--backend", choices=sorted(BACKENDS), default=None, help="physics backend (default: best for the device)"
+    )
     parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     parser.add_argument(
@@ -37,7 +39,9 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     with tqdm(total=args.steps, unit="step", desc="simulating") as bar:
         for _ in range(args.steps):
-            action = args.action_noise * (2 * torch.rand(env.action_spec.shape, generator=generator, device=env.device) - 1)
+            action = args.action_noise * (
+                2 * torch.rand(env.action_spec.shape, generator=generator, device=env.device) - 1
+            )
             td["action"] = action
             td, td_next_root = env.step_and_maybe_reset(td)
             step = td["next"]
@@ -52,9 +56,13 @@ def run(args: argparse.Namespace) -> int:
             bar.set_postfix(env_steps_per_s=f"{args.num_envs * bar.n / (time.perf_counter() - start):,.0f}")
     elapsed = time.perf_counter() - start
     total = args.num_envs * args.steps
-    print(f"{total:,} env steps in {elapsed:.2f} s: {total / elapsed:,.0f} env steps/s "
-          f"({total * env.control_dt / elapsed:,.0f} x real time)")
-    print(f"episodes ended: {len(returns)} ({falls} falls); "
-          f"mean return of ended episodes: {sum(returns) / max(len(returns), 1):.3f}")
+    print(
+        f"{total:,} env steps in {elapsed:.2f} s: {total / elapsed:,.0f} env steps/s "
+        f"({total * env.control_dt / elapsed:,.0f} x real time)"
+    )
+    print(
+        f"episodes ended: {len(returns)} ({falls} falls); "
+        f"mean return of ended episodes: {sum(returns) / max(len(returns), 1):.3f}"
+    )
     env.close()
     return 0

@@ -146,7 +146,7 @@ def add_config_arguments(
             shown = f"{label}: {shown}" if len(configs) > 1 else str(shown)
             helps.setdefault(field.name, [docs.get(field.name, "")]).append(shown)
     group = parser.add_argument_group(title)
-    for name, labels in owners.items():
+    for name, _labels in owners.items():
         doc, *defaults = helps[name]
         kwargs = _flag_kwargs(kinds[name])
         if name in CHOICES:

@@ -41,9 +41,7 @@ __all__ = [
 _STEP_KEYS = ("observation", "reward", "done", "terminated", "truncated")
 
 
-def clip_per_env_norm(
-    gradient: torch.Tensor, max_norm: float
-) -> tuple[torch.Tensor, torch.Tensor]:
+def clip_per_env_norm(gradient: torch.Tensor, max_norm: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Rescale each env's row of ``gradient`` ``[N, ...]`` to an L2 norm of at most ``max_norm``.
 
     Returns:
@@ -171,9 +169,7 @@ class DifferentiableRollout:
 
     def _stack(self, name: str, empty_tail: tuple[int, ...], dtype=None) -> torch.Tensor:
         if not self.transitions:
-            return self.initial_observation.new_empty(
-                (0, self.num_envs, *empty_tail), dtype=dtype
-            )
+            return self.initial_observation.new_empty((0, self.num_envs, *empty_tail), dtype=dtype)
         return torch.stack([getattr(t, name) for t in self.transitions])
 
     @property
@@ -259,13 +255,10 @@ class DifferentiableCollector:
     ) -> None:
         if not action_adjoint_max_norm >= 0.0:
             raise ValueError(
-                f"action_adjoint_max_norm must be >= 0 (0 disables clipping), "
-                f"got {action_adjoint_max_norm}."
+                f"action_adjoint_max_norm must be >= 0 (0 disables clipping), got {action_adjoint_max_norm}."
             )
         if len(env.batch_size) != 1:
-            raise ValueError(
-                f"env.batch_size must be (num_envs,), got {tuple(env.batch_size)}."
-            )
+            raise ValueError(f"env.batch_size must be (num_envs,), got {tuple(env.batch_size)}.")
         self.env = env
         self.policy = policy
         self.device = torch.device(device)
@@ -367,10 +360,7 @@ class DifferentiableCollector:
                 terminated=self._flat(next_td, "terminated").bool(),
                 truncated=self._flat(next_td, "truncated").bool(),
                 next_observation=next_td.get("observation").to(self.device),
-                info={
-                    key: value
-                    for key, value in next_td.exclude(*_STEP_KEYS).items(True, True)
-                },
+                info={key: value for key, value in next_td.exclude(*_STEP_KEYS).items(True, True)},
             )
             transitions.append(transition)
             if on_step_callback is not None:
@@ -388,9 +378,7 @@ class DifferentiableCollector:
             return observation
         return self.observation_normalizer(observation)
 
-    def _postprocess_action(
-        self, action: torch.Tensor, stats: ActionAdjointStats | None
-    ) -> torch.Tensor:
+    def _postprocess_action(self, action: torch.Tensor, stats: ActionAdjointStats | None) -> torch.Tensor:
         if self.clip_actions_to_space:
             action = torch.clamp(action, self._action_low, self._action_high)
         if stats is not None and action.requires_grad:

@@ -316,9 +316,7 @@ class BraxWrapper(_EnvWrapper, metaclass=_BraxMeta):
                 per_env = (1,)
             self._leaf_torch_shapes.append(batch + per_env)
         if ("obs",) not in self._leaf_paths:
-            raise NotImplementedError(
-                "Only Brax envs whose observation is a single array are supported."
-            )
+            raise NotImplementedError("Only Brax envs whose observation is a single array are supported.")
         self._obs_index = self._leaf_paths.index(("obs",))
         self._reward_index = self._leaf_paths.index(("reward",))
         self._done_index = self._leaf_paths.index(("done",))
@@ -332,7 +330,7 @@ class BraxWrapper(_EnvWrapper, metaclass=_BraxMeta):
         # (n, 1)), so that a state passed from one step to the next reaches
         # the bridge as the very views it made (see waddle.bridge.packing).
         jax_rest = [shape[1:] for shape in self._leaf_jax_shapes]
-        torch_rest = [shape[len(batch):] for shape in self._leaf_torch_shapes]
+        torch_rest = [shape[len(batch) :] for shape in self._leaf_torch_shapes]
 
         def step_fn(*args):
             rows = args[-1].shape[0]
@@ -342,8 +340,7 @@ class BraxWrapper(_EnvWrapper, metaclass=_BraxMeta):
             out, out_tree = jax.tree_util.tree_flatten(nxt)
             if out_tree != treedef:
                 raise RuntimeError(
-                    "The Brax env's step changed the structure of its state:\n"
-                    f"  reset: {treedef}\n  step:  {out_tree}"
+                    f"The Brax env's step changed the structure of its state:\n  reset: {treedef}\n  step:  {out_tree}"
                 )
             return tuple(a.reshape(rows, *rest) for a, rest in zip(out, torch_rest))
 
@@ -368,13 +365,9 @@ class BraxWrapper(_EnvWrapper, metaclass=_BraxMeta):
         self.reward_spec = Unbounded(shape=(*self.batch_size, 1), dtype=obs_dtype, device=self.device)
         state_spec = Composite(shape=self.batch_size, device=self.device)
         for path, shape, a in zip(self._leaf_paths, self._leaf_torch_shapes, example):
-            state_spec[path] = Unbounded(
-                shape=shape, dtype=jax_to_torch(a).dtype, device=self.device
-            )
+            state_spec[path] = Unbounded(shape=shape, dtype=jax_to_torch(a).dtype, device=self.device)
         self.observation_spec = Composite(
-            observation=Unbounded(
-                shape=self._leaf_torch_shapes[self._obs_index], dtype=obs_dtype, device=self.device
-            ),
+            observation=Unbounded(shape=self._leaf_torch_shapes[self._obs_index], dtype=obs_dtype, device=self.device),
             shape=self.batch_size,
         )
         self.state_spec["state"] = state_spec
@@ -413,9 +406,7 @@ class BraxWrapper(_EnvWrapper, metaclass=_BraxMeta):
         batch_size, device = self.batch_size, self.device
 
         def build(node):
-            source = {
-                key: leaves[v] if isinstance(v, int) else build(v) for key, v in node.items()
-            }
+            source = {key: leaves[v] if isinstance(v, int) else build(v) for key, v in node.items()}
             return TensorDict._new_unsafe(source, batch_size=batch_size, device=device)
 
         return build(self._leaf_tree())
@@ -459,15 +450,11 @@ class BraxWrapper(_EnvWrapper, metaclass=_BraxMeta):
         jax = _jax()
         if self._key is None:
             seed = getattr(self, "_seed", None)
-            self._key = jax.device_put(
-                jax.random.PRNGKey(0 if seed is None else int(seed)), self._jdevice
-            )
+            self._key = jax.device_put(jax.random.PRNGKey(0 if seed is None else int(seed)), self._jdevice)
         # Every env gets a fresh state; for a partial reset TorchRL keeps the
         # envs that are not being reset.
         self._key, leaves = self._jit_reset(self._key)
-        torch_leaves = [
-            jax_to_torch(a).reshape(shape) for a, shape in zip(leaves, self._leaf_torch_shapes)
-        ]
+        torch_leaves = [jax_to_torch(a).reshape(shape) for a, shape in zip(leaves, self._leaf_torch_shapes)]
         return self._wrap(torch_leaves, with_reward=False)
 
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:

@@ -65,9 +65,7 @@ class MujocoEnv(EnvBase):
         if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
             raise ValueError(f"num_envs must be an integer >= 1, got {num_envs!r}.")
         if not math.isfinite(reset_noise_scale) or reset_noise_scale < 0:
-            raise ValueError(
-                f"reset_noise_scale must be finite and >= 0, got {reset_noise_scale!r}."
-            )
+            raise ValueError(f"reset_noise_scale must be finite and >= 0, got {reset_noise_scale!r}.")
         if dtype not in (torch.float32, torch.float64):
             raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype}.")
         for name, value in (("render_width", render_width), ("render_height", render_height)):

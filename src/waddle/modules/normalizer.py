@@ -35,9 +35,7 @@ class RunningNormalizer(nn.Module):
     var: torch.Tensor
     count: torch.Tensor
 
-    def __init__(
-        self, shape: int | Sequence[int], *, eps: float = 1e-8, clip: float | None = 10.0
-    ) -> None:
+    def __init__(self, shape: int | Sequence[int], *, eps: float = 1e-8, clip: float | None = 10.0) -> None:
         super().__init__()
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
         if eps <= 0:
@@ -55,10 +53,8 @@ class RunningNormalizer(nn.Module):
     @torch.no_grad()
     def update(self, x: torch.Tensor) -> None:
         """Merge a batch ``[..., *shape]`` into the running mean and (population) variance."""
-        if x.shape[x.ndim - len(self.shape):] != self.shape:
-            raise ValueError(
-                f"x must end with the feature shape {tuple(self.shape)}, got {tuple(x.shape)}."
-            )
+        if x.shape[x.ndim - len(self.shape) :] != self.shape:
+            raise ValueError(f"x must end with the feature shape {tuple(self.shape)}, got {tuple(x.shape)}.")
         batch = x.detach().reshape(-1, *self.shape).to(self.mean.dtype)
         n_batch = batch.shape[0]
         if n_batch == 0:

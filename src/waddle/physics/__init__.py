@@ -31,8 +31,7 @@ def backend_class(name: str) -> type[PhysicsBackend]:
     except ImportError as err:
         hint = f"pip install 'waddle[{extra}]'" if extra else "pip install waddle"
         raise ImportError(
-            f"The {name!r} backend needs packages that are not installed ({err}). "
-            f"Install them with: {hint}"
+            f"The {name!r} backend needs packages that are not installed ({err}). Install them with: {hint}"
         ) from err
     return getattr(module, class_name)
 
@@ -78,10 +77,14 @@ def default_backend(device: torch.device | str, spec: mujoco.MjSpec | None = Non
     for name in candidates:
         if backend_available(name):
             return name
-    hint = "pip install 'waddle[mjx]'" if len(candidates) == 1 else (
-        "pip install 'waddle[torch-sim]' or pip install 'waddle[mjx]'"
+    hint = (
+        "pip install 'waddle[mjx]'"
+        if len(candidates) == 1
+        else ("pip install 'waddle[torch-sim]' or pip install 'waddle[mjx]'")
     )
-    raise ImportError(f"No GPU physics backend for this model is installed for device {device!r}. Install one with: {hint}")
+    raise ImportError(
+        f"No GPU physics backend for this model is installed for device {device!r}. Install one with: {hint}"
+    )
 
 
 def make_backend(name: str, model: mujoco.MjModel, **kwargs) -> PhysicsBackend:

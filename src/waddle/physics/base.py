@@ -88,9 +88,7 @@ class PhysicsBackend(abc.ABC):
         self.dtype = dtype
         self.requires_grad = bool(requires_grad)
         self.site_ids = _lookup_ids(model, mujoco.mjtObj.mjOBJ_SITE, site_names, "site")
-        self.contact_geom_ids = _lookup_ids(
-            model, mujoco.mjtObj.mjOBJ_GEOM, contact_geom_names, "geom"
-        )
+        self.contact_geom_ids = _lookup_ids(model, mujoco.mjtObj.mjOBJ_GEOM, contact_geom_names, "geom")
 
     @property
     def nq(self) -> int:
@@ -110,9 +108,7 @@ class PhysicsBackend(abc.ABC):
         return self.model.opt.timestep * self.frame_skip
 
     @abc.abstractmethod
-    def reset(
-        self, qpos: torch.Tensor, qvel: torch.Tensor, mask: torch.Tensor | None = None
-    ) -> None:
+    def reset(self, qpos: torch.Tensor, qvel: torch.Tensor, mask: torch.Tensor | None = None) -> None:
         """Set the state of all envs, or of the envs where ``mask`` is true.
 
         ``qpos`` is ``(num_envs, nq)`` and ``qvel`` ``(num_envs, nv)``; rows of
@@ -158,16 +154,14 @@ class PhysicsBackend(abc.ABC):
     def contacts(self) -> torch.Tensor:
         """``(num_envs, len(contact_geom_names))`` bool: the tracked geom touches something."""
 
-    def detach(self) -> None:
+    def detach(self) -> None:  # noqa: B027 - a no-op for backends without an autograd history
         """Cut the autograd history of the state (a truncated-BPTT boundary)."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - a no-op for backends that hold nothing
         """Release threads, devices and other resources held by the backend."""
 
 
-def _lookup_ids(
-    model: mujoco.MjModel, obj: mujoco.mjtObj, names: Sequence[str], kind: str
-) -> list[int]:
+def _lookup_ids(model: mujoco.MjModel, obj: mujoco.mjtObj, names: Sequence[str], kind: str) -> list[int]:
     ids = []
     for name in names:
         idx = mujoco.mj_name2id(model, obj, name)

@@ -68,8 +68,7 @@ try:
         from mujoco import mjx
 except ImportError as err:  # pragma: no cover - exercised without the extra
     raise ImportError(
-        f"The 'mjx' physics backend needs JAX and MuJoCo MJX ({err}). "
-        "Install them with: pip install 'waddle[mjx]'"
+        f"The 'mjx' physics backend needs JAX and MuJoCo MJX ({err}). Install them with: pip install 'waddle[mjx]'"
     ) from err
 
 from waddle.bridge import JaxFunction, resolve_batch_chunks
@@ -142,8 +141,7 @@ class MjxBackend(PhysicsBackend):
             sim_model.opt.solver = mujoco.mjtSolver.mjSOL_NEWTON
             sim_model.opt.iterations = 1
             sim_model.opt.ls_iterations = int(
-                ls_iterations
-                or max(self.model.opt.ls_iterations, _DEFAULT_DIFF_LS_ITERATIONS)
+                ls_iterations or max(self.model.opt.ls_iterations, _DEFAULT_DIFF_LS_ITERATIONS)
             )
         self.sim_model = sim_model
 
@@ -289,9 +287,7 @@ class MjxBackend(PhysicsBackend):
             raise ValueError(f"mask must have {self.num_envs} entries, got {mask.shape[0]}.")
         return mask
 
-    def reset(
-        self, qpos: torch.Tensor, qvel: torch.Tensor, mask: torch.Tensor | None = None
-    ) -> None:
+    def reset(self, qpos: torch.Tensor, qvel: torch.Tensor, mask: torch.Tensor | None = None) -> None:
         qpos = self._input(qpos, (self.num_envs, self.nq), "qpos")
         qvel = self._input(qvel, (self.num_envs, self.nv), "qvel")
         mask = self._mask(mask)

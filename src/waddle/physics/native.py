@@ -103,11 +103,7 @@ class NativeBackend(PhysicsBackend):
         return spec.compile()
 
     def reset(self, qpos, qvel, mask=None) -> None:
-        rows = (
-            np.arange(self.num_envs)
-            if mask is None
-            else mask.detach().cpu().numpy().nonzero()[0]
-        )
+        rows = np.arange(self.num_envs) if mask is None else mask.detach().cpu().numpy().nonzero()[0]
         if rows.size == 0:
             return
         qpos = qpos.detach().cpu().double().numpy()

@@ -87,9 +87,7 @@ class BatchRenderer:
             ``(N, height, width, 3)`` uint8 RGB on ``qpos``'s device.
         """
         if qpos.ndim != 2 or qpos.shape[1] != self.model.nq:
-            raise ValueError(
-                f"qpos must have shape (N, {self.model.nq}), got {tuple(qpos.shape)}."
-            )
+            raise ValueError(f"qpos must have shape (N, {self.model.nq}), got {tuple(qpos.shape)}.")
         camera_id = self._camera_id(camera)
         rows = qpos.detach().to("cpu", torch.float64).numpy()
         frames = np.empty((len(rows), self.height, self.width, 3), dtype=np.uint8)
@@ -124,9 +122,7 @@ class BatchRenderer:
             return camera_id
         camera_id = int(camera)
         if not -1 <= camera_id < self.model.ncam:
-            raise ValueError(
-                f"camera id must be in [-1, {self.model.ncam}), got {camera_id}."
-            )
+            raise ValueError(f"camera id must be in [-1, {self.model.ncam}), got {camera_id}.")
         return camera_id
 
 
@@ -142,9 +138,7 @@ def _gl_context_for(backend: str) -> Iterator[None]:
     gl_context = getattr(inspect.getmodule(mujoco.Renderer), "gl_context", None)
     wanted = _GL_MODULES.get(backend)
     current = getattr(gl_context, "GLContext", None)
-    if gl_context is None or wanted is None or (
-        current is not None and current.__module__.startswith(wanted)
-    ):
+    if gl_context is None or wanted is None or (current is not None and current.__module__.startswith(wanted)):
         yield
         return
     gl_context.GLContext = importlib.import_module(wanted).GLContext

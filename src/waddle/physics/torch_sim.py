@@ -146,9 +146,7 @@ class MujocoTorchBackend(PhysicsBackend):
         if frictionloss not in ("error", "ignore"):
             raise ValueError(f"frictionloss must be 'error' or 'ignore', got {frictionloss!r}.")
         sim_model = copy.deepcopy(self.model)
-        n_friction = int((sim_model.dof_frictionloss > 0).sum()) + int(
-            (sim_model.tendon_frictionloss > 0).sum()
-        )
+        n_friction = int((sim_model.dof_frictionloss > 0).sum()) + int((sim_model.tendon_frictionloss > 0).sum())
         if n_friction and frictionloss == "error":
             raise NotImplementedError(
                 f"This model has friction loss on {n_friction} joint(s)/tendon(s), which "
@@ -159,18 +157,12 @@ class MujocoTorchBackend(PhysicsBackend):
             )
         sim_model.dof_frictionloss[:] = 0.0
         sim_model.tendon_frictionloss[:] = 0.0
-        sim_model.opt.iterations = int(
-            solver_iterations or min(self.model.opt.iterations, _DEFAULT_SOLVER_ITERATIONS)
-        )
-        sim_model.opt.ls_iterations = int(
-            ls_iterations or min(self.model.opt.ls_iterations, _DEFAULT_LS_ITERATIONS)
-        )
+        sim_model.opt.iterations = int(solver_iterations or min(self.model.opt.iterations, _DEFAULT_SOLVER_ITERATIONS))
+        sim_model.opt.ls_iterations = int(ls_iterations or min(self.model.opt.ls_iterations, _DEFAULT_LS_ITERATIONS))
         self.sim_model = sim_model
         self.diff_config = diff_config
         self._site_idx = torch.as_tensor(self.site_ids, dtype=torch.long, device=self.device)
-        self._geom_idx = torch.as_tensor(
-            self.contact_geom_ids, dtype=torch.long, device=self.device
-        )
+        self._geom_idx = torch.as_tensor(self.contact_geom_ids, dtype=torch.long, device=self.device)
 
         mx = mujoco_torch.device_put(sim_model)
         d0 = mujoco_torch.device_put(mujoco.MjData(sim_model))
@@ -181,9 +173,7 @@ class MujocoTorchBackend(PhysicsBackend):
         self._d0 = d0
 
         self._vstep = torch.vmap(lambda d: mujoco_torch.step(mx, d, fixed_iterations=True))
-        self._vforward = torch.vmap(
-            lambda d: mujoco_torch.forward(mx, d, fixed_iterations=True)
-        )
+        self._vforward = torch.vmap(lambda d: mujoco_torch.forward(mx, d, fixed_iterations=True))
         frame_skip = self.frame_skip
         vstep = self._vstep
 
@@ -220,9 +210,7 @@ class MujocoTorchBackend(PhysicsBackend):
         if not self.requires_grad:
             stack.enter_context(torch.no_grad())
         if self.diff_config is not None:
-            stack.enter_context(
-                mujoco_torch.differentiable_mode(**dataclasses.asdict(self.diff_config))
-            )
+            stack.enter_context(mujoco_torch.differentiable_mode(**dataclasses.asdict(self.diff_config)))
         return stack
 
     def _input(self, tensor: torch.Tensor, shape: tuple[int, ...], what: str) -> torch.Tensor:
@@ -232,9 +220,7 @@ class MujocoTorchBackend(PhysicsBackend):
             tensor = tensor.detach()
         return tensor.to(device=self.device, dtype=_SIM_DTYPE)
 
-    def reset(
-        self, qpos: torch.Tensor, qvel: torch.Tensor, mask: torch.Tensor | None = None
-    ) -> None:
+    def reset(self, qpos: torch.Tensor, qvel: torch.Tensor, mask: torch.Tensor | None = None) -> None:
         qpos = self._input(qpos, (self.num_envs, self.nq), "qpos")
         qvel = self._input(qvel, (self.num_envs, self.nv), "qvel")
         if mask is None:
@@ -242,9 +228,7 @@ class MujocoTorchBackend(PhysicsBackend):
         else:
             mask = torch.as_tensor(mask, device=self.device).reshape(-1).to(torch.bool)
             if mask.shape[0] != self.num_envs:
-                raise ValueError(
-                    f"mask must have {self.num_envs} entries, got {mask.shape[0]}."
-                )
+                raise ValueError(f"mask must have {self.num_envs} entries, got {mask.shape[0]}.")
             idx = mask.nonzero().squeeze(-1)
         if idx.numel() == 0:
             return
@@ -312,9 +296,7 @@ class MujocoTorchBackend(PhysicsBackend):
     def contacts(self) -> torch.Tensor:
         contact = self._data.contact
         if self._geom_idx.numel() == 0 or contact.dist.shape[-1] == 0:
-            return torch.zeros(
-                self.num_envs, self._geom_idx.numel(), dtype=torch.bool, device=self.device
-            )
+            return torch.zeros(self.num_envs, self._geom_idx.numel(), dtype=torch.bool, device=self.device)
         active = (contact.dist < contact.includemargin).detach()  # (B, ncon)
         geom = contact.geom  # (B, ncon, 2)
         ids = self._geom_idx

@@ -23,9 +23,7 @@ COMMIT = assets.MICRODUCK_RL_COMMIT
 _real_installed_package_dir = assets._installed_package_dir
 
 
-def duck_xml(
-    joints=JOINT_NAMES, foot_sites=FOOT_SITES, foot_geoms=FOOT_GEOMS, keyframe=True, marker=""
-) -> str:
+def duck_xml(joints=JOINT_NAMES, foot_sites=FOOT_SITES, foot_geoms=FOOT_GEOMS, keyframe=True, marker="") -> str:
     """A minimal MJCF with the MicroDuck layout, built from primitive geoms."""
     feet = {"left_ankle": 0, "right_ankle": 1}
     bodies = []
@@ -44,8 +42,7 @@ def duck_xml(
     actuators = "".join(f'<position joint="{j}" kp="1"/>' for j in joints)
     zeros = " ".join("0" for _ in joints)
     key = (
-        f'<keyframe><key name="{STAND_KEYFRAME}" qpos="0 0 0.12 1 0 0 0 {zeros}" '
-        f'ctrl="{zeros}"/></keyframe>'
+        f'<keyframe><key name="{STAND_KEYFRAME}" qpos="0 0 0.12 1 0 0 0 {zeros}" ctrl="{zeros}"/></keyframe>'
         if keyframe
         else ""
     )
@@ -53,7 +50,7 @@ def duck_xml(
         f'<mujoco model="fake_duck{marker}"><worldbody>'
         '<geom name="floor" type="plane" size="1 1 .1"/>'
         f'<body name="trunk_base" pos="0 0 .12"><freejoint/><geom type="box" size=".04 .03 .02"/>'
-        f'{"".join(bodies)}</body></worldbody><actuator>{actuators}</actuator>{key}</mujoco>'
+        f"{''.join(bodies)}</body></worldbody><actuator>{actuators}</actuator>{key}</mujoco>"
     )
 
 
@@ -185,9 +182,7 @@ class ArchiveServer:
 
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
-        self.thread = threading.Thread(
-            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self.thread.start()
 
     def url(self, path: str) -> str:
@@ -212,8 +207,7 @@ def server(isolated, monkeypatch):
 
 def test_default_url_is_the_pinned_github_archive():
     assert assets.DEFAULT_URL.format(commit=COMMIT) == (
-        "https://github.com/pollen-robotics/microduck_rl/archive/"
-        "d424a0c899f6b33cbd3daeb279913134349c0b63.zip"
+        "https://github.com/pollen-robotics/microduck_rl/archive/d424a0c899f6b33cbd3daeb279913134349c0b63.zip"
     )
 
 
@@ -364,8 +358,14 @@ def test_upstream_layout_passes_the_checks(tmp_path):
 # A triangular prism: its principal axes are not the file's axes, so the
 # compiler re-centres and rotates it, which the fitted box must undo.
 PRISM = np.array(
-    [[0.01, -0.02, 0.0], [0.07, -0.02, 0.0], [0.01, 0.01, 0.0],
-     [0.01, -0.02, 0.02], [0.07, -0.02, 0.02], [0.01, 0.01, 0.02]]
+    [
+        [0.01, -0.02, 0.0],
+        [0.07, -0.02, 0.0],
+        [0.01, 0.01, 0.0],
+        [0.01, -0.02, 0.02],
+        [0.07, -0.02, 0.02],
+        [0.01, 0.01, 0.02],
+    ]
 )
 PRISM_OBJ = "".join(f"v {x} {y} {z}\n" for x, y, z in PRISM) + (
     "f 1 3 2\nf 4 5 6\nf 1 2 5\nf 1 5 4\nf 2 3 6\nf 2 6 5\nf 3 1 4\nf 3 4 6\n"

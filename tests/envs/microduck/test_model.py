@@ -131,8 +131,18 @@ def test_constants_describe_the_model(model):
 
 def test_solver_options_are_mujoco_defaults(model):
     default = mujoco.MjModel.from_xml_string("<mujoco/>").opt
-    for field in ("integrator", "cone", "solver", "iterations", "tolerance", "ls_iterations",
-                  "noslip_iterations", "impratio", "disableflags", "enableflags"):
+    for field in (
+        "integrator",
+        "cone",
+        "solver",
+        "iterations",
+        "tolerance",
+        "ls_iterations",
+        "noslip_iterations",
+        "impratio",
+        "disableflags",
+        "enableflags",
+    ):
         assert getattr(model.opt, field) == getattr(default, field), field
     np.testing.assert_array_equal(model.opt.gravity, default.gravity)
 
@@ -281,14 +291,14 @@ def test_keyframes_match_reference(model, ref_scene):
 
 
 def test_only_coarse_robot_geoms_collide_and_only_with_the_floor(model):
-    colliding = {model.geom(g).name for g in range(model.ngeom)
-                 if model.geom_contype[g] or model.geom_conaffinity[g]}
+    colliding = {model.geom(g).name for g in range(model.ngeom) if model.geom_contype[g] or model.geom_conaffinity[g]}
     assert colliding == ROBOT_COLLISION_GEOMS | {"floor"}
 
     def can_touch(a: str, b: str) -> bool:
         ga, gb = model.geom(a).id, model.geom(b).id
-        return bool(model.geom_contype[ga] & model.geom_conaffinity[gb]
-                    or model.geom_contype[gb] & model.geom_conaffinity[ga])
+        return bool(
+            model.geom_contype[ga] & model.geom_conaffinity[gb] or model.geom_contype[gb] & model.geom_conaffinity[ga]
+        )
 
     for name in ROBOT_COLLISION_GEOMS:
         assert can_touch(name, "floor"), name
@@ -297,7 +307,8 @@ def test_only_coarse_robot_geoms_collide_and_only_with_the_floor(model):
         assert not can_touch(a, b), (a, b)
     # Reference friction (unspecified there, so MuJoCo's default) on the soles.
     default_friction = mujoco.MjModel.from_xml_string(
-        "<mujoco><worldbody><geom size='1'/></worldbody></mujoco>").geom_friction[0]
+        "<mujoco><worldbody><geom size='1'/></worldbody></mujoco>"
+    ).geom_friction[0]
     for name in C.FOOT_GEOMS:
         np.testing.assert_array_equal(model.geom(name).friction, default_friction)
 

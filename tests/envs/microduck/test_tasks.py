@@ -18,7 +18,6 @@ from waddle.envs.microduck.tasks import (
     tracking_task,
 )
 
-
 # Tests here register reward terms; the registry is restored after each one.
 pytestmark = pytest.mark.usefixtures("restore_reward_registry")
 

@@ -89,8 +89,7 @@ def resolve_scene(
         scene = _find_scene(Path(microduck_root).expanduser(), tried)
         if scene is None:
             raise FileNotFoundError(
-                f"microduck_root={str(microduck_root)!r} holds no MicroDuck scene; tried:\n"
-                + _bullets(tried)
+                f"microduck_root={str(microduck_root)!r} holds no MicroDuck scene; tried:\n" + _bullets(tried)
             )
         return scene
 
@@ -198,9 +197,7 @@ def download_microduck_rl(
     return target
 
 
-def load_spec(
-    scene_path: str | os.PathLike, *, low_cost_collisions: bool = False
-) -> mujoco.MjSpec:
+def load_spec(scene_path: str | os.PathLike, *, low_cost_collisions: bool = False) -> mujoco.MjSpec:
     """Parse the scene at ``scene_path`` into an uncompiled :class:`mujoco.MjSpec`.
 
     Args:
@@ -216,9 +213,7 @@ def load_spec(
     return spec
 
 
-def load_model(
-    scene_path: str | os.PathLike, *, low_cost_collisions: bool = False
-) -> mujoco.MjModel:
+def load_model(scene_path: str | os.PathLike, *, low_cost_collisions: bool = False) -> mujoco.MjModel:
     """Compile the scene at ``scene_path``; the arguments are those of :func:`load_spec`."""
     return load_spec(scene_path, low_cost_collisions=low_cost_collisions).compile()
 
@@ -252,9 +247,7 @@ def check_model(model: mujoco.MjModel, *, source: str | os.PathLike | None = Non
         problems.append(f"joints must be {list(JOINT_NAMES)}: " + ", ".join(detail))
     else:
         driven = [
-            names[model.actuator_trnid[a, 0]]
-            if model.actuator_trntype[a] == mujoco.mjtTrn.mjTRN_JOINT
-            else None
+            names[model.actuator_trnid[a, 0]] if model.actuator_trntype[a] == mujoco.mjtTrn.mjTRN_JOINT else None
             for a in range(model.nu)
         ]
         if driven != list(JOINT_NAMES):
@@ -270,9 +263,7 @@ def check_model(model: mujoco.MjModel, *, source: str | os.PathLike | None = Non
             problems.append(f"missing foot {kind}s {missing}")
     if problems:
         where = f" {str(source)!r}" if source is not None else ""
-        raise ValueError(
-            f"The model{where} does not have the MicroDuck layout:\n" + _bullets(problems)
-        )
+        raise ValueError(f"The model{where} does not have the MicroDuck layout:\n" + _bullets(problems))
 
 
 def _find_scene(path: Path, tried: list[Path]) -> Path | None:
@@ -351,11 +342,7 @@ def _spec_quat(spec: mujoco.MjSpec, element) -> np.ndarray:
     if element.alt.type == mujoco.mjtOrientation.mjORIENTATION_QUAT:
         quat = np.asarray(element.quat, dtype=float)
     else:
-        quat = np.asarray(
-            spec.resolve_orientation(
-                spec.compiler.degree, spec.compiler.eulerseq, element.alt
-            )
-        )
+        quat = np.asarray(spec.resolve_orientation(spec.compiler.degree, spec.compiler.eulerseq, element.alt))
     return quat / np.linalg.norm(quat)
 
 

@@ -428,7 +428,9 @@ class MicroDuckEnv(MujocoEnv):
             speed_high - speed_low
         )
         planar_speed = command.norm(dim=-1)
-        warm = torch.rand(n, generator=self.rng, device=self.device, dtype=self.dtype) < episode_task.warm_start_fraction
+        warm = (
+            torch.rand(n, generator=self.rng, device=self.device, dtype=self.dtype) < episode_task.warm_start_fraction
+        )
         warm &= planar_speed > self.COMMAND_THRESHOLD
         direction_body = torch.nn.functional.pad(command / planar_speed.clamp_min(1e-8).unsqueeze(-1), (0, 1))
         velocity_world = speed.unsqueeze(-1) * rotate(qpos[:, 3:7], direction_body)
@@ -561,4 +563,3 @@ class MicroDuckEnv(MujocoEnv):
         }
         out.update({f"diagnostic_{name}": value.unsqueeze(-1) for name, value in pose.items()})
         return out
-

@@ -238,8 +238,7 @@ def default_weights() -> dict[str, float]:
 def _check_unregistered(name: str) -> None:
     if name in REWARD_TERMS:
         raise ValueError(
-            f"register_reward: a term named {name!r} is already registered; "
-            f"registered terms: {tuple(REWARD_TERMS)}."
+            f"register_reward: a term named {name!r} is already registered; registered terms: {tuple(REWARD_TERMS)}."
         )
 
 
@@ -453,4 +452,3 @@ def jump(features: TensorDictBase, params: TensorDictBase) -> torch.Tensor:
 def termination(features: TensorDictBase, params: TensorDictBase) -> torch.Tensor:
     """1 on the step the trunk falls (a one-off penalty, not scaled by the control period)."""
     return features["fallen"].to(features["upright"].dtype)
-

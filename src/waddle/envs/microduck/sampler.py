@@ -202,9 +202,7 @@ class MicroDuckTaskSampler(Transform):
 
 def _check_weights(weights: torch.Tensor, argument: str) -> None:
     if weights.numel() == 0 or not bool(torch.isfinite(weights).all()) or bool((weights < 0).any()):
-        raise ValueError(
-            f"{argument} must be a non-empty sequence of finite values >= 0, got {weights.tolist()}."
-        )
+        raise ValueError(f"{argument} must be a non-empty sequence of finite values >= 0, got {weights.tolist()}.")
     if not bool(weights.sum() > 0):
         raise ValueError(f"{argument} must not all be zero, got {weights.tolist()}: no task could be drawn.")
 

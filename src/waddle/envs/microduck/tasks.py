@@ -194,9 +194,7 @@ def make_task(
         gait_frequency_hz=_as_float(fields["gait_frequency_hz"], (), "gait_frequency_hz", name),
         gait_frequency_per_mps=_as_float(fields["gait_frequency_per_mps"], (), "gait_frequency_per_mps", name),
         gait_prior_lift=_as_float(fields["gait_prior_lift"], (), "gait_prior_lift", name),
-        gait_prior_stride_per_mps=_as_float(
-            fields["gait_prior_stride_per_mps"], (), "gait_prior_stride_per_mps", name
-        ),
+        gait_prior_stride_per_mps=_as_float(fields["gait_prior_stride_per_mps"], (), "gait_prior_stride_per_mps", name),
         reward_weights=torch.stack(weight_row),
         params=TensorDict({key: _as_float(value, (), key, name) for key, value in params.items()}, batch_size=[]),
         weight=_as_float(weight, (), "weight", name),
