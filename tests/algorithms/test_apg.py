@@ -12,15 +12,6 @@ from waddle.algorithms.apg import APG, APGConfig, apg_loss
 T, F = True, False
 
 
-@pytest.fixture
-def single_thread():
-    """Tiny networks gain nothing from intra-op threads, and lose a lot on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_apg_loss_is_minus_the_alive_discounted_return_per_env_step():
     rewards = torch.tensor([[1.0, 2.0], [2.0, math.nan], [4.0, 8.0]])
     alive = torch.tensor([[T, T], [T, F], [T, F]])
@@ -40,7 +31,7 @@ def optimal_static_gain(a, b, rho, horizon, gamma):
     return k[np.argmin(cost)]
 
 
-def test_apg_learns_the_optimal_linear_gain(single_thread):
+def test_apg_learns_the_optimal_linear_gain():
     a, b, rho, horizon, gamma = 1.1, 0.5, 0.1, 3, 0.9
     k_star = optimal_static_gain(a, b, rho, horizon, gamma)
     assert 1.6 < k_star < 1.8  # a non-trivial answer: neither 0 nor the one-step a b / (b^2 + rho)

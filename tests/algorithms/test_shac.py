@@ -13,15 +13,6 @@ from waddle.collectors import DifferentiableCollector
 T, F = True, False
 
 
-@pytest.fixture
-def single_thread():
-    """Tiny networks gain nothing from intra-op threads, and lose a lot on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 SMALL = dict(actor_hidden_sizes=(16,), critic_hidden_sizes=(16,), num_epochs=2, num_minibatches=2)
 
 
@@ -128,7 +119,7 @@ def _evaluate(trainer: SHAC) -> float:
     return float((rollout.rewards * rollout.alive_mask).sum(0).mean())
 
 
-def test_shac_improves_the_return_on_the_point_mass(single_thread):
+def test_shac_improves_the_return_on_the_point_mass():
     torch.manual_seed(0)
     env = DiffPointEnv(16, max_steps=40, bound=3.0, action_bound=1.0, init_scale=1.0)
     config = SHACConfig(
