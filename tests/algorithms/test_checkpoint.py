@@ -7,6 +7,7 @@ import pickle
 import pytest
 import torch
 
+from waddle import files as files_module
 from waddle.algorithms import checkpoint as checkpoint_module
 from waddle.algorithms.checkpoint import (
     FORMAT,
@@ -191,7 +192,7 @@ def test_crash_before_rename_keeps_the_old_file(tmp_path, monkeypatch):
     def failing_replace(src, dst):
         raise OSError("disk full")
 
-    monkeypatch.setattr(checkpoint_module.os, "replace", failing_replace)
+    monkeypatch.setattr(files_module.os, "replace", failing_replace)
     with pytest.raises(OSError, match="disk full"):
         atomic_write(path, lambda file: file.write(b"new"))
     assert path.read_bytes() == b"old"
