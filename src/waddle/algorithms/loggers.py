@@ -30,7 +30,7 @@ LOGGERS: tuple[str, ...] = ("none", "csv", "tensorboard", "wandb")
 """``--logger`` names; ``none`` writes ``metrics.csv`` only."""
 PACKAGES: dict[str, tuple[str, str]] = {
     "tensorboard": ("tensorboard", "pip install tensorboard  (or: pip install 'waddle[tensorboard]')"),
-    "wandb": ("wandb", "pip install wandb"),
+    "wandb": ("wandb", "pip install wandb  (or: pip install 'waddle[wandb]')"),
 }
 """Logger name -> (the package it imports, the command that installs it)."""
 WANDB_PROJECT = "waddle"
