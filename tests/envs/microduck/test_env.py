@@ -216,3 +216,17 @@ def test_bad_actions_are_refused(env, action, message):
 def test_bad_construction_arguments(kwargs, error, message):
     with pytest.raises(error, match=message):
         MicroDuckEnv(**kwargs)
+
+
+def test_heading_error_is_the_wrapped_turn_since_reset():
+    env = MicroDuckEnv(num_envs=2, seed=0)
+    env.reset()
+    torch.testing.assert_close(env._reset_heading, env.heading())  # recorded at reset
+    env._reset_heading = torch.tensor([0.0, 3.0])
+    yaw = torch.tensor([0.3, -3.0])
+    qpos = env.physics.qpos.clone()
+    qpos[:, 3:7] = torch.stack([torch.cos(yaw / 2), torch.zeros(2), torch.zeros(2), torch.sin(yaw / 2)], dim=-1)
+    state = TensorDict(qpos=qpos, qvel=env.physics.qvel.clone(), batch_size=[2])
+    features = env.reward_features(state, torch.zeros(2, 14))
+    # -3.0 - 3.0 = -6.0 rad of turn is 2 pi - 6.0 = 0.283 rad the short way round.
+    torch.testing.assert_close(features["heading_error"], torch.tensor([0.3, 2 * math.pi - 6.0]))

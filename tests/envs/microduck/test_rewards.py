@@ -41,6 +41,7 @@ BUILT_IN_TERMS = {
     "hop_rhythm": (0.0, True),
     "launch": (0.0, True),
     "jump": (0.0, True),
+    "heading_hold": (0.0, True),
     "termination": (-4.0, False),
 }
 
@@ -49,6 +50,7 @@ BUILT_IN_PARAMS = {
     "air_time_min": 0.125,
     "drift_speed_scale": 0.3,
     "gait_progress_floor": 0.5,
+    "heading_hold_std": 0.5,
     "hop_velocity_amplitude": 0.1,
     "jump_target_height": 0.005,
     "launch_velocity_scale": 0.5,
@@ -83,6 +85,7 @@ def make_features(n: int = 1, **entries) -> TensorDict:
         "foot_heights": torch.zeros(n, 2),
         "touchdown_air_time": torch.zeros(n, 2),
         "gait_phase": torch.zeros(n),
+        "heading_error": torch.zeros(n),
         "command": torch.zeros(n, 2),
         "fallen": torch.zeros(n, dtype=torch.bool),
     }
@@ -119,6 +122,13 @@ def test_built_in_terms_weights_and_order():
 def test_built_in_params_defaults():
     assert REWARD_PARAMS == pytest.approx(BUILT_IN_PARAMS)
     assert set(REWARD_PARAMS) == set(BUILT_IN_PARAMS)
+
+
+def test_heading_hold_by_hand():
+    features = make_features(3, heading_error=[0.0, 0.5, -1.0])
+    # exp(-e^2 / 0.5^2): 1, exp(-1), exp(-4); the sign of the turn does not matter.
+    assert_values(term("heading_hold", features), [1.0, math.exp(-1.0), math.exp(-4.0)])
+    assert_values(term("heading_hold", features, heading_hold_std=1.0), [1.0, math.exp(-0.25), math.exp(-1.0)])
 
 
 def test_gait_terms():

@@ -245,7 +245,7 @@ def test_a_task_built_before_register_reward_is_refused_with_the_reason():
     fresh = tracking_task(0.2, reward_weights={"heading": 1.0}, heading_std=0.5)
     assert fresh.reward_weights[-1].item() == 1.0
     assert_vector(fresh.params["heading_std"], 0.5)
-    message = r"has 18 reward weights but 19 reward terms are registered.*built before register_reward"
+    message = r"has 19 reward weights but 20 reward terms are registered.*built before register_reward"
     with pytest.raises(ValueError, match=message):
         torch.stack([stale, fresh])
     with pytest.raises(ValueError, match=message):

@@ -216,6 +216,7 @@ class MicroDuckEnv(MujocoEnv):
         self._foot_heights = zeros(n, 2)
         self._air_time = zeros(n, 2)
         self._touchdown_air_time = zeros(n, 2)
+        self._reset_heading = zeros(n)
 
     def _make_specs(self) -> None:
         n = self.num_envs
@@ -355,6 +356,7 @@ class MicroDuckEnv(MujocoEnv):
         self._touchdown_air_time = torch.where(column, torch.zeros_like(self._air_time), self._touchdown_air_time)
         self._contacts = self.foot_contacts()
         self._foot_heights = self.foot_heights()
+        self._reset_heading = torch.where(rows, self.heading().detach(), self._reset_heading)
 
         qpos, qvel = self.physics.qpos, self.physics.qvel
         out = self._observation_dict(qpos, qvel)
@@ -527,6 +529,8 @@ class MicroDuckEnv(MujocoEnv):
                 "foot_heights": self._foot_heights,
                 "touchdown_air_time": self._touchdown_air_time,
                 "gait_phase": phase,
+                "heading_error": torch.remainder(heading(quaternion) - self._reset_heading + math.pi, 2 * math.pi)
+                - math.pi,
                 "command": self._command,
                 "fallen": self._fallen(qpos),
             },

@@ -23,6 +23,7 @@ key                       shape       meaning
 ``foot_heights``          ``(N, 2)``  left and right foot height
 ``touchdown_air_time``    ``(N, 2)``  air time of a foot that landed this step, else 0
 ``gait_phase``            ``(N,)``    gait clock phase in radians
+``heading_error``         ``(N,)``    trunk yaw minus its yaw at reset, wrapped to ``[-pi, pi)``
 ``command``               ``(N, 2)``  planar velocity command ``(vx, vy)``
 ``fallen``                ``(N,)``    bool, the trunk fell this step
 ========================  ==========  ==========================================
@@ -446,6 +447,12 @@ def jump(features: TensorDictBase, params: TensorDictBase) -> torch.Tensor:
     gain = ((features["base_height"] - features["standing_height"]) / params["jump_target_height"]).clamp(0.0, 1.0)
     airborne = (~features["contacts"].any(-1)).to(gain.dtype)
     return gain * airborne * _upright_gate(features)
+
+
+@register_reward("heading_hold", weight=0.0, heading_hold_std=0.5)
+def heading_hold(features: TensorDictBase, params: TensorDictBase) -> torch.Tensor:
+    """Gaussian of the heading change since reset: the command keeps the direction it had then."""
+    return torch.exp(-features["heading_error"].square() / params["heading_hold_std"].square())
 
 
 @register_reward("termination", weight=-4.0, per_second=False)
