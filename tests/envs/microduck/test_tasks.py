@@ -48,8 +48,10 @@ def test_tracking_task():
     assert task.name == "tracking+0.20"
     assert_vector(task.command_low, [0.2, 0.0])
     assert_vector(task.command_high, [0.2, 0.0])
-    assert weights_of(task) == pytest.approx(defaults())
+    assert weights_of(task) == pytest.approx({**defaults(), "heading_hold": 2.0})
     assert_vector(task.params["pose_std"], 0.5)
+    assert_vector(task.gait_prior_lift, 0.25)
+    assert_vector(task.gait_prior_stride_per_mps, 0.0)
     assert_vector(task.gait_frequency_hz, 1.8913)
     assert_vector(task.gait_frequency_per_mps, 0.0)
     assert_vector(task.warm_start_fraction, 0.0)
@@ -89,7 +91,8 @@ def test_speed_range_task():
     # clock: 1 Hz + 5 Hz per m/s, so 1.5 Hz at 0.1 m/s and 2.5 Hz at 0.3 m/s
     assert_vector(task.gait_frequency_hz, 1.0)
     assert_vector(task.gait_frequency_per_mps, 5.0)
-    assert weights_of(task) == pytest.approx(defaults())
+    assert weights_of(task) == pytest.approx({**defaults(), "heading_hold": 2.0})
+    assert_vector(task.gait_prior_lift, 0.25)
 
 
 def test_sidestep_task():
@@ -97,7 +100,8 @@ def test_sidestep_task():
     assert task.name == "sidestep+0.15"
     assert_vector(task.command_low, [0.0, 0.15])
     assert_vector(task.command_high, [0.0, 0.15])
-    assert weights_of(task) == pytest.approx(defaults())
+    assert weights_of(task) == pytest.approx({**defaults(), "heading_hold": 2.0})
+    assert_vector(task.gait_prior_lift, 0.25)
     assert sidestep_task(-0.1).name == "sidestep-0.10"
 
 
