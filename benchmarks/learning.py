@@ -45,7 +45,7 @@ import torch
 
 from waddle.algorithms.evaluation import EvaluationResult, evaluate, task_commands
 from waddle.algorithms.ppo import PPO, PPOConfig
-from waddle.algorithms.presets import make_env
+from waddle.algorithms.presets import TASK_TOTAL_STEPS, make_env
 from waddle.algorithms.runner import TrainConfig
 
 STANDING_LENGTH = 450
@@ -201,7 +201,7 @@ def walk_part(part: str, seed: int, args: argparse.Namespace) -> list[CommandOut
     trainer = PPO(env, PPOConfig())
     commands = [command for command, _ in task_commands(env.tasks)]
     tolerance = COMMAND_TOLERANCE[part]
-    budget = args.walk_steps or TrainConfig().total_steps
+    budget = args.walk_steps or TASK_TOTAL_STEPS.get(part, TrainConfig().total_steps)
     check_env = make_env(part, num_envs=args.eval_envs, seed=seed + 1000)
 
     def evaluate_all(eval_env, max_steps):

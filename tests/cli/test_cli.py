@@ -311,3 +311,22 @@ def test_every_config_field_has_a_documented_flag():
             assert docs.get(field.name), f"{cls.__name__}.{field.name} has no docstring"
             flag = "--" + field.name.replace("_", "-")
             assert flag in helps and docs[field.name] in helps[flag].replace("%%", "%"), flag
+
+
+@pytest.mark.parametrize(
+    ("argv", "steps"),
+    [
+        (["--task", "walk"], 3_000_000),  # walking takes longer than standing
+        (["--task", "speed-range"], 3_000_000),
+        (["--task", "standing"], 1_500_000),
+        (["--task", "walk", "--total-steps", "4096"], 4096),  # a given flag wins
+    ],
+)
+def test_the_step_budget_left_out_follows_the_task(argv, steps, tmp_path):
+    from waddle.cli.main import build_parser
+    from waddle.cli.train import resolve_config
+
+    args = build_parser().parse_args(["train", "--out", str(tmp_path / "run"), *argv])
+    config, checkpoint = resolve_config(args)
+    assert checkpoint is None
+    assert config["run"]["total_steps"] == steps

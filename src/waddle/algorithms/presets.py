@@ -43,6 +43,12 @@ TASKS: dict[str, Callable[[], list[MicroDuckTask]]] = {
 }
 """``--task`` name -> a function returning the task library of that name."""
 
+TASK_TOTAL_STEPS: dict[str, int] = {"walk": 3_000_000, "speed-range": 3_000_000, "sidestep": 3_000_000}
+"""``--total-steps`` of a new run of these tasks when the flag is left out (others: ``TrainConfig``'s).
+
+Walking takes longer than standing: on ``walk``, PPO held 0.2 m/s after 0.98M env steps with
+seed 0 and was at 0.07 m/s after 1.3M with seed 1 (``benchmarks/learning.py --parts walk``)."""
+
 BACKENDS: tuple[str, ...] = tuple(PHYSICS_BACKENDS)
 """``--backend`` names: the physics backends MicroDuckEnv can run on."""
 

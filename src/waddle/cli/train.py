@@ -28,6 +28,7 @@ from waddle.algorithms.loggers import LOGGERS, make_logger, require_package
 from waddle.algorithms.presets import (
     ALGORITHMS,
     BACKENDS,
+    TASK_TOTAL_STEPS,
     TASKS,
     make_config,
     make_env,
@@ -216,6 +217,9 @@ def resolve_config(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, 
             raise CheckpointError(
                 f"{out / CHECKPOINT_FILE} exists; pass --resume to continue it or choose another --out."
             )
+        task = run_flags.get("task", TrainConfig.task)
+        if "total_steps" not in run_flags and task in TASK_TOTAL_STEPS:
+            run_flags["total_steps"] = TASK_TOTAL_STEPS[task]
         run = TrainConfig(**run_flags)
         base = {}
     fields = {field.name for field in dataclasses.fields(ALGORITHMS[run.algo].classes()[1])}
