@@ -11,7 +11,6 @@ task library.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ from torchrl.envs import EnvBase
 
 from waddle.algorithms.checkpoint import CheckpointError
 from waddle.algorithms.presets import make_config, make_trainer, upgrade_config_fields
+from waddle.envs.rotations import wrap_angle
 from waddle.video import write_video
 
 
@@ -161,7 +161,7 @@ def evaluate(
     yaw = env.heading().float().cpu()
     rest_height = env.foot_heights().float().cpu()
     contacts = env.foot_contacts().cpu()
-    swing_peak = torch.where(contacts, torch.zeros_like(rest_height), env.foot_heights().float().cpu())
+    swing_peak = torch.where(contacts, torch.zeros_like(rest_height), rest_height)
     try:
         for _ in range(max_steps):
             if renderer is not None and running[0]:
@@ -181,8 +181,7 @@ def evaluate(
             velocity_sum += torch.where(running.unsqueeze(-1), velocity, 0.0)
 
             new_yaw = env.heading().float().cpu()
-            turn = torch.remainder(new_yaw - yaw + math.pi, 2 * math.pi) - math.pi
-            yaw_drift += torch.where(running & ~terminated, turn, 0.0)
+            yaw_drift += torch.where(running & ~terminated, wrap_angle(new_yaw - yaw), 0.0)
             yaw = new_yaw
             heights, new_contacts = env.foot_heights().float().cpu(), env.foot_contacts().cpu()
             landed = new_contacts & ~contacts & running.unsqueeze(-1) & ~terminated.unsqueeze(-1)

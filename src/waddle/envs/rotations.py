@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -34,3 +36,8 @@ def heading(quaternion: torch.Tensor) -> torch.Tensor:
     """
     w, x, y, z = quaternion.unbind(-1)
     return torch.atan2(2.0 * (w * z + x * y), 1.0 - 2.0 * (y * y + z * z))
+
+
+def wrap_angle(angle: torch.Tensor) -> torch.Tensor:
+    """``angle`` in radians wrapped to ``[-pi, pi)``: a difference of headings the short way round."""
+    return torch.remainder(angle + math.pi, 2 * math.pi) - math.pi

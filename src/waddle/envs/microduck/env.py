@@ -40,7 +40,7 @@ from waddle.envs.microduck import assets, constants, rewards
 from waddle.envs.microduck import tasks as presets
 from waddle.envs.microduck.tasks import MicroDuckTask
 from waddle.envs.mujoco_env import MujocoEnv
-from waddle.envs.rotations import heading, projected_gravity, rotate, rotate_inverse
+from waddle.envs.rotations import heading, projected_gravity, rotate, rotate_inverse, wrap_angle
 
 _REFUSED_KWARGS = ("xml_path", "patch_xml", "frame_skip")
 
@@ -529,8 +529,7 @@ class MicroDuckEnv(MujocoEnv):
                 "foot_heights": self._foot_heights,
                 "touchdown_air_time": self._touchdown_air_time,
                 "gait_phase": phase,
-                "heading_error": torch.remainder(heading(quaternion) - self._reset_heading + math.pi, 2 * math.pi)
-                - math.pi,
+                "heading_error": wrap_angle(heading(quaternion) - self._reset_heading),
                 "command": self._command,
                 "fallen": self._fallen(qpos),
             },
