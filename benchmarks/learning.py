@@ -46,6 +46,7 @@ import torch
 from waddle.algorithms.evaluation import EvaluationResult, evaluate, task_commands
 from waddle.algorithms.ppo import PPO, PPOConfig
 from waddle.algorithms.presets import TASK_TOTAL_STEPS, make_env
+from waddle.algorithms.checkpoint import save_checkpoint
 from waddle.algorithms.runner import TrainConfig
 
 STANDING_LENGTH = 450
@@ -225,6 +226,20 @@ def walk_part(part: str, seed: int, args: argparse.Namespace) -> list[CommandOut
             for c, r in results.items():
                 if c not in first and r.survival >= MIN_SURVIVAL and abs(r.mean_forward_speed - c) <= tolerance:
                     first[c] = (train_s / 60.0, env_steps)
+    if args.save:
+        os.makedirs(args.save, exist_ok=True)
+        path = os.path.join(args.save, f"{part}-seed{seed}.pt")
+        run = asdict(TrainConfig(task=part, num_envs=args.num_envs, total_steps=budget, seed=seed))
+        save_checkpoint(
+            path,
+            algo="ppo",
+            config={"run": run, "algorithm": asdict(trainer.config)},
+            trainer_state=trainer.state_dict(),
+            env_steps=env_steps,
+            iteration=iteration,
+            wall_time_s=train_s,
+        )
+        print(f"  wrote {path} (waddle eval {path} --video ...)", flush=True)
     final_env = make_env(part, num_envs=args.eval_envs, seed=seed + 2000, max_episode_steps=1000)
     finals = evaluate_all(final_env, 1000)
     outcomes = []
@@ -287,6 +302,9 @@ def main() -> None:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", metavar="PATH", help="also write the figures here")
+    parser.add_argument(
+        "--save", metavar="DIR", help="walk, speed-range: write each run's final policy to DIR/<part>-seed<N>.pt"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)  # the physics has its own threads; one torch thread is fastest on 2 busy cores
 
