@@ -43,10 +43,10 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from waddle.algorithms.checkpoint import save_checkpoint
 from waddle.algorithms.evaluation import EvaluationResult, evaluate, task_commands
 from waddle.algorithms.ppo import PPO, PPOConfig
 from waddle.algorithms.presets import TASK_TOTAL_STEPS, make_env
-from waddle.algorithms.checkpoint import save_checkpoint
 from waddle.algorithms.runner import TrainConfig
 
 STANDING_LENGTH = 450

@@ -55,6 +55,7 @@ BUILT_IN_PARAMS = {
     "jump_target_height": 0.005,
     "launch_velocity_scale": 0.5,
     "pose_std": 0.5,
+    "progress_overspeed": 0.0,
     "swing_target_height": 0.02,
     "tracking_off_axis_std": 0.05,
     "tracking_std": 0.1,
@@ -211,6 +212,19 @@ def test_progress():
     # along / speed: 0.1 / 0.2 = 0.5 (lateral ignored); 0.5 / 0.2 clipped to 1; -0.1 / 0.2 = -0.5;
     # standing command: 0; backward command: (-0.1 * -1) / 0.2 = 0.5
     assert_values(term("progress", features), [0.5, 1.0, -0.5, 0.0, 0.5])
+
+
+def test_progress_overspeed_takes_back_the_excess():
+    features = make_features(
+        6,
+        command=[[0.1, 0.0], [0.1, 0.0], [0.1, 0.0], [0.1, 0.0], [0.0, 0.0], [0.0, -0.2]],
+        body_velocity=[[0.05, 0, 0], [0.1, 0, 0], [0.18, 0, 0], [0.5, 0, 0], [0.3, 0, 0], [0.1, -0.3, 0]],
+    )
+    # fractions 0.5, 1, 1.8, 5, standing, 0.3 / 0.2 = 1.5 along a sideways command;
+    # overspeed 1: 0.5, 1, 1 - 0.8 = 0.2, 1 - 4 clipped to -1, 0, 1 - 0.5 = 0.5
+    assert_values(term("progress", features, progress_overspeed=1.0), [0.5, 1.0, 0.2, -1.0, 0.0, 0.5])
+    # overspeed 0.5: 1 - 0.4 = 0.6 and 1 - 2 = -1 and 1 - 0.25 = 0.75
+    assert_values(term("progress", features, progress_overspeed=0.5), [0.5, 1.0, 0.6, -1.0, 0.0, 0.75])
 
 
 def test_air_time():

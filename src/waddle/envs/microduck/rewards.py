@@ -279,12 +279,17 @@ def _split_along_command(
     return along, torch.where(moving, across.square(), vector.square().sum(-1)), moving
 
 
-def _progress_fraction(features: TensorDictBase) -> torch.Tensor:
-    """Velocity along the command over the commanded speed, clipped to [-1, 1]; zero when standing."""
+def _speed_ratio(features: TensorDictBase) -> torch.Tensor:
+    """Velocity along the command over the commanded speed, unclipped; zero when standing."""
     axis, speed, moving = _command_axis(features["command"])
     along = (features["body_velocity"][..., :2] * axis).sum(-1)
-    fraction = (along / speed.clamp_min(1e-8)).clamp(-1.0, 1.0)
-    return torch.where(moving, fraction, torch.zeros_like(fraction))
+    ratio = along / speed.clamp_min(1e-8)
+    return torch.where(moving, ratio, torch.zeros_like(ratio))
+
+
+def _progress_fraction(features: TensorDictBase) -> torch.Tensor:
+    """Velocity along the command over the commanded speed, clipped to [-1, 1]; zero when standing."""
+    return _speed_ratio(features).clamp(-1.0, 1.0)
 
 
 def _upright_gate(features: TensorDictBase) -> torch.Tensor:
@@ -354,10 +359,17 @@ def pose(features: TensorDictBase, params: TensorDictBase) -> torch.Tensor:
     return torch.exp(-features["joint_error"].square().mean(-1) / params["pose_std"].square())
 
 
-@register_reward("progress", weight=2.0)
+@register_reward("progress", weight=2.0, progress_overspeed=0.0)
 def progress(features: TensorDictBase, params: TensorDictBase) -> torch.Tensor:
-    """Linear in the velocity along the command, as a fraction of it in [-1, 1]; zero when standing."""
-    return _progress_fraction(features)
+    """Linear in the velocity along the command, as a fraction of it in [-1, 1]; zero when standing.
+
+    Past the command, ``progress_overspeed`` times the excess fraction is taken
+    back (1: a tent peaking at the command), so walking faster than asked
+    costs more than the tracking kernel's flat tail does.
+    """
+    ratio = _speed_ratio(features)
+    excess = (ratio - 1.0).clamp_min(0.0)
+    return (ratio.clamp(-1.0, 1.0) - params["progress_overspeed"] * excess).clamp(-1.0, 1.0)
 
 
 @register_reward("air_time", weight=3.0, air_time_min=0.125, air_time_max=0.3, gait_progress_floor=0.5)
