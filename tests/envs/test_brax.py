@@ -13,7 +13,6 @@ faster.
 
 from __future__ import annotations
 
-import os
 import sys
 
 import pytest
@@ -22,6 +21,7 @@ import torch
 pytest.importorskip("jax")
 pytest.importorskip("brax")
 
+from helpers.jax_cache import persistent_compilation_cache  # noqa: E402
 from tensordict import TensorDict  # noqa: E402
 from tensordict.nn import TensorDictModule  # noqa: E402
 from torchrl.envs import ParallelEnv  # noqa: E402
@@ -37,27 +37,8 @@ pytestmark = pytest.mark.timeout(900)
 
 @pytest.fixture(scope="module", autouse=True)
 def _jax_compilation_cache():
-    import jax
-
-    path = os.environ.get("WADDLE_JAX_CACHE", os.path.expanduser("~/.cache/waddle/jax"))
-    if path in ("", "0"):
+    with persistent_compilation_cache():
         yield
-        return
-    from jax.experimental.compilation_cache import compilation_cache
-
-    old = (
-        jax.config.jax_compilation_cache_dir,
-        jax.config.jax_persistent_cache_min_compile_time_secs,
-    )
-    jax.config.update("jax_compilation_cache_dir", path)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 2.0)
-    # JAX decides once per process whether the cache is on; make it look again
-    # (here, and after restoring the settings for the tests that follow).
-    compilation_cache.reset_cache()
-    yield
-    jax.config.update("jax_compilation_cache_dir", old[0])
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", old[1])
-    compilation_cache.reset_cache()
 
 
 def _reacher(**kwargs) -> BraxEnv:

@@ -77,3 +77,10 @@ def assert_pendulum_gradients(sim, model, *, record_grad: bool = False) -> None:
         assert abs(ad) > 1e-3
         # Observed agreement ~1e-10; central differences are good to ~eps^2.
         assert ad == pytest.approx(fd, rel=1e-6, abs=1e-8), point
+
+
+def clip_rows_to_norm(gradient: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """Each env's row of ``gradient`` ``[N, ...]`` scaled to an L2 norm of at most ``max_norm``
+    (written out here, apart from the collector's own clipping, to check it)."""
+    rows = [row * min(1.0, max_norm / row.norm().item()) if row.norm() > 0 else row for row in gradient]
+    return torch.stack(rows)

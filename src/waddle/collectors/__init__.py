@@ -7,11 +7,15 @@ from waddle.collectors.differentiable import (
     DifferentiableTransition,
     clip_per_env_norm,
 )
+from waddle.collectors.env_layout import EnvLayout
+from waddle.collectors.episode_ends import EpisodeEnds
 
 __all__ = [
     "ActionAdjointStats",
     "DifferentiableCollector",
     "DifferentiableRollout",
     "DifferentiableTransition",
+    "EnvLayout",
+    "EpisodeEnds",
     "clip_per_env_norm",
 ]

@@ -12,8 +12,14 @@ Graph cuts are explicit. The carried state keeps its history across
 segment, which also calls the env's own ``detach_state()`` (the physics cut)
 when the env has one.
 
-Shapes: ``N`` envs (the env's ``batch_size``), ``T`` steps, ``F`` observation
-features, ``A`` action dimensions.
+Any differentiable TorchRL env will do, however it names its entries and
+however many batch dimensions it has (:class:`~waddle.collectors.env_layout.EnvLayout`):
+the policy's observation is the env's observation entries flattened per env,
+and the ``terminated``/``truncated`` flags are derived from the done entries
+the env declares (:class:`~waddle.collectors.episode_ends.EpisodeEnds`).
+
+Shapes: ``N`` envs (the product of the env's batch dimensions), ``T`` steps,
+``F`` observation features, ``A...`` the per-env action shape.
 """
 
 from __future__ import annotations
@@ -26,9 +32,12 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
+from tensordict.utils import NestedKey
 from torch import nn
 from torchrl.envs import EnvBase
 from torchrl.envs.utils import ExplorationType, set_exploration_type
+
+from waddle.collectors.env_layout import EnvLayout
 
 __all__ = [
     "ActionAdjointStats",
@@ -37,8 +46,6 @@ __all__ = [
     "DifferentiableTransition",
     "clip_per_env_norm",
 ]
-
-_STEP_KEYS = ("observation", "reward", "done", "terminated", "truncated")
 
 
 def clip_per_env_norm(gradient: torch.Tensor, max_norm: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -115,10 +122,14 @@ class ActionAdjointStats:
 class DifferentiableTransition:
     """One env step with its graph.
 
-    ``observation`` is the raw (unnormalised) observation the policy acted on;
-    ``next_observation`` is the observation the step produced, before any
-    auto-reset replaced it. ``reward``, ``terminated`` and ``truncated`` are
-    ``[N]``. ``info`` holds the other entries the env wrote under ``"next"``.
+    ``observation`` is the raw (unnormalised) observation ``[N, F]`` the policy
+    acted on; ``next_observation`` is the observation the step produced, before
+    any auto-reset replaced it. ``reward``, ``terminated`` and ``truncated`` are
+    ``[N]``: ``terminated`` marks a terminal state (worth 0, never
+    bootstrapped), ``truncated`` any other episode end (the next observation
+    is bootstrapped); at most one of them is set per env and step. ``info``
+    holds the other entries the env wrote under ``"next"``, in the env's own
+    shapes.
     """
 
     observation: torch.Tensor
@@ -214,25 +225,56 @@ class DifferentiableRollout:
         return ended_before == 0
 
 
+def _env_attribute(env: EnvBase, name: str) -> Any:
+    """``env.name``, or ``None`` when the env has no such attribute.
+
+    Wrappers (``TransformedEnv``) forward unknown attributes to the env they
+    wrap, so this is a plain ``getattr``; TorchRL's batched envs recurse
+    without end on an unknown attribute before they are started, which means
+    the same as a missing one here.
+    """
+    try:
+        return getattr(env, name, None)
+    except RecursionError:
+        return None
+
+
 class DifferentiableCollector:
-    """Collect graph-carrying rollouts from a differentiable TorchRL env.
+    """Collect graph-carrying rollouts from any differentiable TorchRL env.
 
     Args:
-        env: a TorchRL env with ``batch_size=(N,)``, an ``"observation"`` key,
-            ``"reward"`` and ``"done"/"terminated"/"truncated"`` of shape
-            ``(N, 1)``, differentiable from its action when grad is enabled.
-        policy: a TensorDict module reading ``"observation"`` and writing
-            ``"action"`` (a ``ProbabilisticActor`` samples with ``rsample``
-            unless ``deterministic=True``).
+        env: a TorchRL env whose step is differentiable from its action (and
+            its carried state) when grad is enabled: waddle's ``BraxEnv`` or
+            ``MicroDuckEnv`` built with ``requires_grad=True``, or a pure-torch
+            env. Any batch shape (flattened to ``N`` envs); one action entry,
+            one reward entry with one value per env, and at least one of
+            ``done``/``terminated``/``truncated`` in its ``full_done_spec``
+            (the flags are derived from whichever it declares, see
+            :mod:`waddle.collectors.episode_ends`). State the env carries
+            outside its tensordict with autograd history must be cut by an
+            ``env.detach_state()`` method.
+        policy: a TensorDict module reading the flat observation ``[N, F]``
+            under ``"observation"`` (whatever the env calls its entries) and
+            writing ``"action"`` ``[N, *action_shape]`` (a ``ProbabilisticActor``
+            samples with ``rsample`` unless ``deterministic=True``).
         device: device of the collected tensors and statistics.
 
     Keyword Args:
+        observation_keys: the env's observation entries that make the policy's
+            observation, flattened per env and concatenated in this order.
+            Defaults to ``"observation"`` when the env declares it, else to the
+            env's only floating-point observation entry.
         observation_normalizer: applied to the observation inside the graph
             before the policy reads it (the collector never updates it).
         clip_actions_to_space: clamp actions to the bounds of ``env.action_spec``.
         action_adjoint_max_norm: if > 0, clip each env's gradient with respect
             to its action to this L2 norm during backward, and record the norms
             in the rollout's ``action_gradient_stats``; 0 disables.
+
+    Raises:
+        ValueError: for a bad argument, an env whose ``requires_grad`` is
+            ``False``, or an env layout the collector cannot read (see
+            :meth:`EnvLayout.from_env <waddle.collectors.env_layout.EnvLayout.from_env>`).
 
     Typical use, with ``env`` and ``policy`` as above::
 
@@ -249,6 +291,7 @@ class DifferentiableCollector:
         policy: TensorDictModuleBase,
         device: torch.device | str,
         *,
+        observation_keys: NestedKey | list[NestedKey] | None = None,
         observation_normalizer: nn.Module | None = None,
         clip_actions_to_space: bool = False,
         action_adjoint_max_norm: float = 0.0,
@@ -257,9 +300,17 @@ class DifferentiableCollector:
             raise ValueError(
                 f"action_adjoint_max_norm must be >= 0 (0 disables clipping), got {action_adjoint_max_norm}."
             )
-        if len(env.batch_size) != 1:
-            raise ValueError(f"env.batch_size must be (num_envs,), got {tuple(env.batch_size)}.")
+        if not isinstance(env, EnvBase):
+            raise TypeError(f"env must be a torchrl.envs.EnvBase, got {type(env).__name__}.")
+        # Envs with a gradient switch (BraxEnv, MujocoEnv) say up front whether
+        # their step records history; others are checked at the first step.
+        if _env_attribute(env, "requires_grad") is False:
+            raise ValueError(
+                f"env must be differentiable: build {type(env).__name__} with requires_grad=True "
+                "(its step is cut from autograd otherwise)."
+            )
         self.env = env
+        self.layout = EnvLayout.from_env(env, observation_keys)
         self.policy = policy
         self.device = torch.device(device)
         self.observation_normalizer = observation_normalizer
@@ -269,22 +320,29 @@ class DifferentiableCollector:
         self._action_low: torch.Tensor | None = None
         self._action_high: torch.Tensor | None = None
         if self.clip_actions_to_space:
-            spec = env.action_spec
+            spec = env.full_action_spec[self.layout.action_key]
             low, high = getattr(spec, "low", None), getattr(spec, "high", None)
             if low is None or high is None:
                 raise TypeError(
                     "clip_actions_to_space=True needs a bounded action spec with "
                     f"low/high (e.g. torchrl.data.Bounded), got {type(spec).__name__}."
                 )
-            self._action_low = torch.as_tensor(low, device=self.device)
-            self._action_high = torch.as_tensor(high, device=self.device)
+            self._action_low = self.layout.per_env(torch.as_tensor(low, device=self.device))
+            self._action_high = self.layout.per_env(torch.as_tensor(high, device=self.device))
 
     @property
     def num_envs(self) -> int:
-        return self.env.batch_size[0]
+        return self.layout.num_envs
 
     def reset(self, seed: int | None = None) -> torch.Tensor:
-        """Reset every env (seeding it first if ``seed`` is given); returns the observation."""
+        """Reset every env (seeding it first if ``seed`` is given); returns the observation ``[N, F]``.
+
+        Also starts a new truncated-BPTT segment: an env that resets by
+        selecting fresh values over its old state (``torch.where``) would
+        otherwise keep the old graph attached, and a backward pass would run
+        into the already freed graph of the last segment.
+        """
+        self._cut_env_graph()
         if seed is not None:
             self.env.set_seed(seed)
         self._root = self.env.reset()
@@ -293,12 +351,15 @@ class DifferentiableCollector:
     def detach_state(self) -> torch.Tensor:
         """Start a new truncated-BPTT segment: cut the env's physics graph and ours.
 
+        Cuts the state the collector carries (the env's last tensordict, which
+        holds all of the state of an env like ``BraxEnv``) and calls the env's
+        own ``detach_state()`` when it has one (the state an env like
+        ``MicroDuckEnv`` keeps inside).
+
         Returns:
-            The carried observation, now without history.
+            The carried observation ``[N, F]``, now without history.
         """
-        cut = getattr(self.env, "detach_state", None)
-        if callable(cut):
-            cut()
+        self._cut_env_graph()
         if self._root is None:
             return self.reset()
         self._root = self._root.detach()
@@ -324,7 +385,11 @@ class DifferentiableCollector:
             on_step_callback: called with each transition as it is made.
 
         Raises:
-            ValueError: if ``num_steps`` is not a positive integer.
+            ValueError: if ``num_steps`` is not a positive integer, or the
+                policy's action does not have the shape ``[N, *action_shape]``.
+            RuntimeError: if, with grad enabled, a step's observation and
+                reward carry no history from an action that does (the env is
+                not differentiable).
         """
         if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps <= 0:
             raise ValueError(f"num_steps must be a positive integer, got {num_steps!r}.")
@@ -334,6 +399,7 @@ class DifferentiableCollector:
         if self.action_adjoint_max_norm > 0.0:
             stats = ActionAdjointStats(self.action_adjoint_max_norm, self.device)
         exploration = ExplorationType.DETERMINISTIC if deterministic else ExplorationType.RANDOM
+        layout = self.layout
         initial_observation = self._observation()
         transitions = []
         for _ in range(num_steps):
@@ -342,7 +408,7 @@ class DifferentiableCollector:
                 policy_output = self.policy(
                     TensorDict(
                         {"observation": self._normalize(observation)},
-                        batch_size=self.env.batch_size,
+                        batch_size=[self.num_envs],
                         device=self.device,
                     )
                 )
@@ -350,17 +416,27 @@ class DifferentiableCollector:
             policy_output.set("action", action)
 
             env_input = self._root.copy()  # shallow: the carried tensors keep their graph
-            env_input.set("action", action.to(self.env.device))
+            env_input.set(layout.action_key, self._to_env_device(layout.env_action(action)))
             stepped, self._root = self.env.step_and_maybe_reset(env_input)
             next_td = stepped.get("next")
+            reward = layout.reward(next_td).to(self.device)
+            next_observation = layout.observation(next_td).to(self.device)
+            if action.requires_grad and not (reward.requires_grad or next_observation.requires_grad):
+                raise RuntimeError(
+                    f"env {type(self.env).__name__} is not differentiable: its step returned an observation and a "
+                    "reward without autograd history from the action. DifferentiableCollector needs an env whose "
+                    "step is differentiable (e.g. BraxEnv or MicroDuckEnv with requires_grad=True, not a "
+                    "ParallelEnv)."
+                )
+            terminated, truncated = layout.episode_ends.flags(next_td)
             transition = DifferentiableTransition(
                 observation=observation,
                 policy_output=policy_output,
-                reward=self._flat(next_td, "reward"),
-                terminated=self._flat(next_td, "terminated").bool(),
-                truncated=self._flat(next_td, "truncated").bool(),
-                next_observation=next_td.get("observation").to(self.device),
-                info={key: value for key, value in next_td.exclude(*_STEP_KEYS).items(True, True)},
+                reward=reward,
+                terminated=terminated.to(self.device),
+                truncated=truncated.to(self.device),
+                next_observation=next_observation,
+                info={key: value for key, value in next_td.exclude(*layout.step_keys).items(True, True)},
             )
             transitions.append(transition)
             if on_step_callback is not None:
@@ -371,7 +447,16 @@ class DifferentiableCollector:
 
     def _observation(self) -> torch.Tensor:
         assert self._root is not None
-        return self._root.get("observation").to(self.device)
+        return self.layout.observation(self._root).to(self.device)
+
+    def _cut_env_graph(self) -> None:
+        cut = _env_attribute(self.env, "detach_state")
+        if callable(cut):
+            cut()
+
+    def _to_env_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        # A device-less env (device=None) takes tensors where they are.
+        return tensor if self.env.device is None else tensor.to(self.env.device)
 
     def _normalize(self, observation: torch.Tensor) -> torch.Tensor:
         if self.observation_normalizer is None:
@@ -380,7 +465,7 @@ class DifferentiableCollector:
 
     def _postprocess_action(self, action: torch.Tensor, stats: ActionAdjointStats | None) -> torch.Tensor:
         if self.clip_actions_to_space:
-            action = torch.clamp(action, self._action_low, self._action_high)
+            action = torch.clamp(action, self._action_low.to(action.dtype), self._action_high.to(action.dtype))
         if stats is not None and action.requires_grad:
             action.register_hook(functools.partial(self._clip_adjoint, stats))
         return action
@@ -389,7 +474,3 @@ class DifferentiableCollector:
         clipped, norms = clip_per_env_norm(gradient, self.action_adjoint_max_norm)
         stats.record(norms)
         return clipped
-
-    def _flat(self, td: TensorDictBase, key: str) -> torch.Tensor:
-        """An ``(N, 1)`` entry as ``[N]`` on the collector's device."""
-        return td.get(key).reshape(self.num_envs).to(self.device)
