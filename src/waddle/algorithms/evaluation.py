@@ -23,7 +23,9 @@ from torchrl.envs import EnvBase
 
 from waddle.algorithms.checkpoint import CheckpointError
 from waddle.algorithms.presets import make_config, make_trainer, upgrade_config_fields
+from waddle.algorithms.task_library import TaskLibraryError
 from waddle.envs.rotations import wrap_angle
+from waddle.modules.task_embedding import TASK_ID_KEY, act
 from waddle.video import write_video
 
 
@@ -36,13 +38,16 @@ def policy_from_checkpoint(
     (any batch size and backend).
 
     Raises:
-        CheckpointError: the checkpoint's config or state does not rebuild its trainer.
+        CheckpointError: the checkpoint's config or state does not rebuild its trainer, or
+            it was trained on another task library than ``env``'s.
     """
     algo = checkpoint["algo"]
     try:
         config = make_config(algo, upgrade_config_fields(algo, checkpoint["config"]["algorithm"]))
         trainer = make_trainer(algo, env, config, device)
         trainer.load_state_dict(checkpoint["trainer"])
+    except TaskLibraryError as err:
+        raise CheckpointError(str(err)) from None
     except (KeyError, TypeError, ValueError, RuntimeError) as err:
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise CheckpointError(f"the checkpoint's {algo} state does not fit its config: {reason[:200]}") from None
@@ -121,7 +126,9 @@ def evaluate(
             (``BODY_VELOCITY_START``, a ``"command"`` entry) and its
             ``foot_heights()``, ``foot_contacts()``, ``heading()`` and
             ``control_dt``.
-        policy: ``observation -> action``.
+        policy: ``observation -> action``, or ``(observation, task_id) ->
+            action`` for a task-conditioned policy (``reads_task_id``), which
+            gets the env's ``"task_id"`` entry.
         command: pin this planar command at reset in every env (it must lie
             in each env's task box); by default each env draws its own.
         video_path: when given, film env 0's episode from the env's camera
@@ -166,8 +173,9 @@ def evaluate(
         for _ in range(max_steps):
             if renderer is not None and running[0]:
                 frames.append(renderer.render(env.physics.qpos[:1], camera=camera)[0].numpy())
-            action = policy(td["observation"].to(device)).to(env.device)
-            td = env.step(td.set("action", action))
+            task = td.get(TASK_ID_KEY, None)
+            action = act(policy, td["observation"].to(device), None if task is None else task.to(device))
+            td = env.step(td.set("action", action.to(env.device)))
             out = td["next"]
             velocity = out["observation"][:, velocity_start : velocity_start + 2].float().cpu()
             reward = out["reward"].reshape(num_envs).float().cpu()
@@ -240,6 +248,8 @@ def film(
         td = env.reset()
         for _ in range(frames):
             images.append(renderer.render(env.physics.qpos[:1], camera=getattr(env, "camera_id", None))[0].numpy())
-            action = policy(td["observation"].to(device)).to(env.device)
+            task = td.get(TASK_ID_KEY, None)
+            action = act(policy, td["observation"].to(device), None if task is None else task.to(device))
+            action = action.to(env.device)
             _, td = env.step_and_maybe_reset(td.set("action", action))
     write_video(path, images, fps=round(1.0 / env.control_dt))

@@ -223,7 +223,9 @@ class DifferentiableCollector:
             ``(N, 1)``, differentiable from its action when grad is enabled.
         policy: a TensorDict module reading ``"observation"`` and writing
             ``"action"`` (a ``ProbabilisticActor`` samples with ``rsample``
-            unless ``deterministic=True``).
+            unless ``deterministic=True``). Its other in-keys (a
+            task-conditioned policy's ``"task_id"``) are read from the env's
+            current TensorDict as they are.
         device: device of the collected tensors and statistics.
 
     Keyword Args:
@@ -265,6 +267,7 @@ class DifferentiableCollector:
         self.observation_normalizer = observation_normalizer
         self.clip_actions_to_space = bool(clip_actions_to_space)
         self.action_adjoint_max_norm = float(action_adjoint_max_norm)
+        self._extra_in_keys = [key for key in getattr(policy, "in_keys", ()) if key != "observation"]
         self._root: TensorDictBase | None = None
         self._action_low: torch.Tensor | None = None
         self._action_high: torch.Tensor | None = None
@@ -338,14 +341,10 @@ class DifferentiableCollector:
         transitions = []
         for _ in range(num_steps):
             observation = self._observation()
+            inputs = {"observation": self._normalize(observation)}
+            inputs.update({key: self._root.get(key).to(self.device) for key in self._extra_in_keys})
             with set_exploration_type(exploration):
-                policy_output = self.policy(
-                    TensorDict(
-                        {"observation": self._normalize(observation)},
-                        batch_size=self.env.batch_size,
-                        device=self.device,
-                    )
-                )
+                policy_output = self.policy(TensorDict(inputs, batch_size=self.env.batch_size, device=self.device))
             action = self._postprocess_action(policy_output["action"], stats)
             policy_output.set("action", action)
 
