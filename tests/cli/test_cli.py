@@ -170,7 +170,7 @@ def test_fresh_run_refuses_to_overwrite(trained, capsys):
 def _table_rows(out: str) -> list[list[str]]:
     lines = out.splitlines()
     start = next(i for i, line in enumerate(lines) if "command vx,vy" in line) + 2  # header and units
-    return [line.split() for line in lines[start:] if line.strip() and not line.startswith("video")]
+    return [line.split() for line in lines[start:] if line.strip() and not line.startswith(("video", "table"))]
 
 
 def test_eval_prints_one_row_per_command(trained, capsys):
@@ -179,11 +179,12 @@ def test_eval_prints_one_row_per_command(trained, capsys):
     for label in ("survival", "forward", "lateral", "yaw drift", "clearance", "steps/s"):
         assert label in out
     rows = _table_rows(out)
-    assert [row[0] for row in rows] == ["+0.00,+0.00"]  # the standing task's one command
-    assert 0.0 <= float(rows[0][1]) <= 100.0
+    assert [row[:2] for row in rows] == [["standing", "+0.00,+0.00"]]  # the standing task's one command
+    assert 0.0 <= float(rows[0][2]) <= 100.0
+    assert rows[0][-3:] == ["-", "-", "-"]  # standing does not hop
     assert main(["eval", str(trained), "--episodes", "2", "--max-steps", "30", "--command", "0.1", "-0.05"]) == 0
     rows = _table_rows(capsys.readouterr().out)
-    assert [row[0] for row in rows] == ["+0.10,-0.05"]
+    assert [row[:2] for row in rows] == [["standing", "+0.10,-0.05"]]
 
 
 def test_eval_refuses_a_non_finite_command(trained, capsys):
@@ -330,3 +331,57 @@ def test_the_step_budget_left_out_follows_the_task(argv, steps, tmp_path):
     config, checkpoint = resolve_config(args)
     assert checkpoint is None
     assert config["run"]["total_steps"] == steps
+
+
+# ---------------------------------------------------------------------------
+# A library of several tasks: per-task evaluation, export with the task id
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def trained_mix(tmp_path_factory):
+    """A 512-step PPO run on the four-task mix library (task-conditioned by default)."""
+    out = tmp_path_factory.mktemp("mix")
+    argv = ["train", "--task", "mix", "--total-steps", "512", "--out", str(out), *TINY, "--video-frames", "0"]
+    assert main(argv) == 0
+    return out
+
+
+def test_a_mix_checkpoint_records_its_library(trained_mix):
+    checkpoint = torch.load(trained_mix / "checkpoint.pt", weights_only=True)
+    assert checkpoint["trainer"]["task_library"] == ["standing", "tracking+0.20", "sidestep+0.15", "jump"]
+    assert checkpoint["config"]["algorithm"]["task_embedding_dim"] == 8
+    assert checkpoint["trainer"]["policy"]["task_embedding.weight"].shape == (4, 8)
+
+
+def test_eval_runs_every_task_and_writes_the_csv(trained_mix, tmp_path, capsys):
+    path = tmp_path / "eval.csv"
+    argv = ["eval", str(trained_mix), "--episodes", "2", "--max-steps", "20", "--csv", str(path)]
+    assert main(argv) == 0
+    rows = _table_rows(capsys.readouterr().out)
+    assert [row[:2] for row in rows] == [
+        ["standing", "+0.00,+0.00"],
+        ["tracking+0.20", "+0.20,+0.00"],
+        ["sidestep+0.15", "+0.00,+0.15"],
+        ["jump", "+0.00,+0.00"],
+    ]
+    assert [row[-3:] == ["-", "-", "-"] for row in rows] == [True, True, True, False]  # hop figures: jump only
+    table = read_rows(path)
+    assert [row["task"] for row in table] == ["standing", "tracking+0.20", "sidestep+0.15", "jump"]
+    for printed, written in zip(rows, table):  # the CSV holds the printed figures
+        assert float(printed[2]) == pytest.approx(100 * float(written["survival"]), abs=0.05)
+        assert float(printed[3]) == pytest.approx(float(written["episode_return"]), abs=0.005)
+        assert int(written["episodes"]) == 2
+    assert main(["eval", str(trained_mix), "--episodes", "2", "--max-steps", "10", "--command", "0", "0"]) == 0
+    rows = _table_rows(capsys.readouterr().out)
+    assert [row[1] for row in rows] == ["+0.00,+0.00"] * 4  # the one command, in every task
+
+
+def test_eval_refuses_a_checkpoint_of_another_library(trained_mix, tmp_path, capsys):
+    checkpoint = torch.load(trained_mix / "checkpoint.pt", weights_only=True)
+    checkpoint["config"]["run"]["task"] = "jump-mix"  # as if its config named another library
+    torch.save(checkpoint, tmp_path / "checkpoint.pt")
+    assert main(["eval", str(tmp_path), "--episodes", "1", "--max-steps", "5"]) == 1
+    err = capsys.readouterr().err
+    assert "4 tasks [standing, tracking+0.20, sidestep+0.15, jump]" in err
+    assert "3 tasks [tracking+0.20, standing, jump]" in err
