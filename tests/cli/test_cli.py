@@ -385,3 +385,45 @@ def test_eval_refuses_a_checkpoint_of_another_library(trained_mix, tmp_path, cap
     err = capsys.readouterr().err
     assert "4 tasks [standing, tracking+0.20, sidestep+0.15, jump]" in err
     assert "3 tasks [tracking+0.20, standing, jump]" in err
+
+
+def test_export_of_a_multi_task_policy_takes_the_task_id(trained_mix, tmp_path, capsys):
+    import onnx
+    import onnxruntime
+
+    from waddle.algorithms.checkpoint import load_checkpoint
+    from waddle.algorithms.evaluation import policy_from_checkpoint
+    from waddle.algorithms.presets import make_env
+
+    path = tmp_path / "policy.onnx"
+    assert main(["export", str(trained_mix), "--onnx", str(path), "--samples", "32"]) == 0
+    out = capsys.readouterr().out
+    assert "task_id [1, 1] int64" in out and "3 jump" in out
+    model = onnx.load(str(path))
+    onnx.checker.check_model(model)
+    assert [value.name for value in model.graph.input] == ["observation", "task_id"]
+    metadata = {prop.key: json.loads(prop.value) for prop in model.metadata_props}
+    assert metadata == {
+        "inputs": ["observation", "task_id"],
+        "task_names": ["standing", "tracking+0.20", "sidestep+0.15", "jump"],
+    }
+
+    # Independent parity: real observations, each with the task id its env ran.
+    env = make_env("mix", num_envs=8, seed=4)
+    policy = policy_from_checkpoint(load_checkpoint(trained_mix / "checkpoint.pt"), env)
+    rollout = env.rollout(10, break_when_any_done=False)
+    env.close()
+    observations, task_ids = rollout["observation"].reshape(-1, 56), rollout["task_id"].reshape(-1, 1)
+    assert len(set(task_ids.flatten().tolist())) > 1
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    with torch.no_grad():
+        for observation, task_id in zip(observations[::3], task_ids[::3]):
+            feed = {"observation": observation.reshape(1, 56).numpy(), "task_id": task_id.reshape(1, 1).numpy()}
+            (onnx_action,) = session.run(None, feed)
+            expected = policy(observation.reshape(1, 56), task_id.reshape(1, 1)).numpy()
+            np.testing.assert_allclose(onnx_action, expected, atol=1e-5)
+        # The id matters: the same observation under two tasks gives two actions, in both runtimes.
+        row = observations[:1]
+        actions = [session.run(None, {"observation": row.numpy(), "task_id": np.array([[k]])})[0] for k in (0, 3)]
+        assert not np.allclose(actions[0], actions[1])
+        np.testing.assert_allclose(actions[1], policy(row, torch.tensor([[3]])).numpy(), atol=1e-5)
