@@ -427,3 +427,55 @@ def test_export_of_a_multi_task_policy_takes_the_task_id(trained_mix, tmp_path, 
         actions = [session.run(None, {"observation": row.numpy(), "task_id": np.array([[k]])})[0] for k in (0, 3)]
         assert not np.allclose(actions[0], actions[1])
         np.testing.assert_allclose(actions[1], policy(row, torch.tensor([[3]])).numpy(), atol=1e-5)
+
+
+# ---------------------------------------------------------------------------
+# --init-from
+# ---------------------------------------------------------------------------
+
+
+def test_init_from_starts_a_new_run_on_another_library(trained, tmp_path, capsys):
+    out = tmp_path / "from-standing"
+    argv = ["train", "--task", "mix", "--init-from", str(trained), "--out", str(out), "--total-steps", "256"]
+    assert main([*argv, "--num-envs", "16", "--num-steps", "16", "--video-frames", "0", "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert "initialised from" in printed and "fresh task embedding for 4 tasks" in printed
+    config = json.loads((out / "config.json").read_text())
+    assert config["init_from"]["checkpoint"] == str(trained)
+    assert config["init_from"]["task_library"] == ["standing"]
+    # The network's shape came from the source (32 32, not the default 128 128).
+    assert config["algorithm"]["actor_hidden_sizes"] == [32, 32]
+    checkpoint = torch.load(out / "checkpoint.pt", weights_only=True)
+    assert checkpoint["env_steps"] == 256  # its own counters
+    assert checkpoint["trainer"]["task_library"] == ["standing", "tracking+0.20", "sidestep+0.15", "jump"]
+    source = torch.load(trained / "checkpoint.pt", weights_only=True)["trainer"]
+    assert int(checkpoint["trainer"]["normalizer"]["count"]) == int(source["normalizer"]["count"]) + 256
+    # A resumed run keeps the record and loads its own checkpoint, not the source again.
+    argv = ["train", "--out", str(out), "--resume", "--total-steps", "512", "--video-frames", "0", "--no-progress"]
+    assert main(argv) == 0
+    assert "initialised from" not in capsys.readouterr().out
+    assert json.loads((out / "config.json").read_text())["init_from"] == config["init_from"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--resume"], "--resume continues the run in --out and --init-from starts a new one"),
+        (
+            ["--actor-hidden-sizes", "64"],
+            "differs in actor_hidden_sizes: the source has [32, 32], this run asks for [64]",
+        ),
+        (["--algo", "apg"], "holds ppo networks but this run trains with --algo apg"),
+    ],
+)
+def test_init_from_refusals_are_one_line(trained, tmp_path, flags, message, capsys):
+    out = tmp_path / "x"
+    assert main(["train", "--init-from", str(trained), "--out", str(out), "--total-steps", "256", *flags]) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("waddle train: error:") and message in lines[0], lines
+    assert not out.exists()
+
+
+def test_init_from_a_missing_checkpoint(tmp_path, capsys):
+    assert main(["train", "--init-from", str(tmp_path / "nope.pt"), "--out", str(tmp_path / "x")]) == 1
+    assert "nope.pt does not exist" in capsys.readouterr().err
