@@ -15,7 +15,15 @@ Four measurements, each from scratch, on the embedded model:
   and 0.3 m/s (tolerance 0.03 m/s);
 * ``shac`` - SHAC, MJX backend: env steps until the standing return of the
   PPO policy from ``standing`` is reached (target: at least 10x fewer env
-  steps than PPO took).
+  steps than PPO took);
+* ``jump`` - the reference's jump recipe (not run by default): a walking
+  policy (``--walk-checkpoint``, or the ``walk`` part's run of the first
+  ``--seeds``), then PPO from its weights (``waddle train --init-from``) on
+  ``jump-mix``, a library of tracking, standing and jump with jump drawn three
+  times as often, for up to ``--jump-steps`` (6M); the minutes and env steps
+  until the jump row hops at least 2 cm, airborne at least 15 % of the time,
+  then the per-task figures at the end (hop height, airborne fraction, hop
+  frequency).
 
 A criterion is checked on the deterministic policy (the mean action) over one
 full episode in each of ``--eval-envs`` fresh envs, whenever the training
@@ -30,6 +38,7 @@ Usage::
     python benchmarks/learning.py                   # standing, walk, speed-range, shac
     python benchmarks/learning.py --parts walk --seeds 0 1 2 --json results.json
     python benchmarks/learning.py --parts shac --ppo-standing 56.85 262144  # reuse a standing figure
+    python benchmarks/learning.py --parts jump --walk-checkpoint runs/walk/checkpoint.pt
 """
 
 from __future__ import annotations
@@ -276,10 +285,108 @@ def shac_part(args: argparse.Namespace, target_return: float, ppo_steps: int) ->
     return outcome
 
 
+HOP_HEIGHT_TARGET = 0.02
+"""Jump: hop height, m, the reference reports (2 cm)."""
+AIRBORNE_TARGET = 0.15
+"""Jump: fraction of the time with both feet off the ground the reference reports."""
+JUMP_STEPS = 6_000_000
+"""Jump: the reference's budget, in env steps (transitions)."""
+
+
+@dataclass
+class JumpOutcome:
+    """The jump recipe's figures."""
+
+    walk_checkpoint: str
+    reached: bool
+    minutes: float
+    env_steps: int
+    train_minutes: float
+    train_env_steps: int
+    load_average: float
+    final: list = field(default_factory=list)
+    note: str = ""
+
+
+def add_jump_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--walk-checkpoint", metavar="PATH", help="jump: start from this walking policy")
+    parser.add_argument("--jump-steps", type=int, default=JUMP_STEPS, help="jump: env steps after the walk")
+    parser.add_argument("--jump-minutes", type=float, default=240.0, help="jump: stop after this much training")
+
+
+def jump_part(args: argparse.Namespace) -> JumpOutcome:
+    """The reference's recipe: a walking policy, then PPO from its weights on ``jump-mix``."""
+    import tempfile
+
+    from waddle.algorithms.checkpoint import load_checkpoint
+    from waddle.algorithms.evaluation import evaluate_tasks
+    from waddle.algorithms.init_from import inherited_fields, load_weights
+    from waddle.algorithms.presets import make_config
+
+    seed = args.seeds[0]
+    path = args.walk_checkpoint
+    if path is None:  # the walk part's run, trained now unless it was (with --save) in this invocation
+        args.save = args.save or tempfile.mkdtemp(prefix="waddle-walk-")
+        path = os.path.join(args.save, f"walk-seed{seed}.pt")
+        if not os.path.exists(path):
+            walk_part("walk", seed, args)
+    source = load_checkpoint(path)
+    torch.manual_seed(seed)
+    env = make_env("jump-mix", num_envs=args.num_envs, seed=seed)
+    trainer = PPO(env, make_config("ppo", inherited_fields(source)))
+    print(f"  [jump] from {path}: {load_weights(trainer, 'ppo', source, path=path).summary()}", flush=True)
+    check_env = make_env("jump-mix", num_envs=args.eval_envs, seed=seed + 1000)
+    jump_id = list(check_env.tasks.name).index("jump")
+
+    reached, train_s, iteration, env_steps = None, 0.0, 0, 0
+    while env_steps < args.jump_steps and train_s < 60.0 * args.jump_minutes:
+        start = time.perf_counter()
+        trainer.train_iteration()
+        train_s += time.perf_counter() - start
+        iteration += 1
+        env_steps = iteration * trainer.steps_per_iteration
+        if iteration % args.eval_every == 0:
+            r = evaluate(check_env, trainer.deterministic_policy(), task_id=jump_id, command=(0.0, 0.0), max_steps=500)
+            print(
+                f"  [jump] {train_s / 60:5.1f} min {env_steps:>10,} steps  hop {100 * r.hop_height:.2f} cm, "
+                f"airborne {100 * r.airborne_fraction:.1f}%, {r.hop_frequency_hz:.2f} Hz, survival {100 * r.survival:.0f}%",
+                flush=True,
+            )
+            if reached is None and r.hop_height >= HOP_HEIGHT_TARGET and r.airborne_fraction >= AIRBORNE_TARGET:
+                reached = (train_s / 60.0, env_steps)
+    final_env = make_env("jump-mix", num_envs=args.eval_envs, seed=seed + 2000, max_episode_steps=1000)
+    final = [r.as_dict() for r in evaluate_tasks(final_env, trainer.deterministic_policy(), max_steps=1000)]
+    for closing in (env, check_env, final_env):
+        closing.close()
+    minutes, steps = reached if reached is not None else (train_s / 60.0, env_steps)
+    return JumpOutcome(path, reached is not None, minutes, steps, train_s / 60.0, env_steps, os.getloadavg()[0], final)
+
+
+def print_jump(o: JumpOutcome) -> None:
+    target = f"hops of >= {100 * HOP_HEIGHT_TARGET:.0f} cm airborne >= {100 * AIRBORNE_TARGET:.0f}% of the time"
+    when = f"after {o.minutes:.1f} min, {o.env_steps:,} env steps" if o.reached else "not reached"
+    print(f"jump from {o.walk_checkpoint}: {target}: {when}")
+    print(
+        f"trained {o.train_minutes:.1f} min, {o.train_env_steps:,} env steps (load average {o.load_average:.1f}); "
+        "1000-step episodes at the end:"
+    )
+    print(f"{'task':<16} {'survival':>8} {'return':>8} {'forward':>8} {'hop cm':>7} {'airborne':>8} {'hops/s':>7}")
+    for f in o.final:
+        hops = (
+            f"{100 * f['hop_height']:>7.2f} {100 * f['airborne_fraction']:>8.1f} {f['hop_frequency_hz']:>7.2f}"
+            if f["hop_task"]
+            else f"{'-':>7} {'-':>8} {'-':>7}"
+        )
+        print(
+            f"{f['task']:<16} {100 * (1 - f['fall_rate']):>8.1f} {f['mean_return']:>8.2f} "
+            f"{f['mean_forward_speed']:>8.3f} {hops}"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parts = ["standing", "walk", "speed-range", "shac"]
-    parser.add_argument("--parts", nargs="+", choices=parts, default=parts)
+    parser.add_argument("--parts", nargs="+", choices=[*parts, "jump"], default=parts)
     parser.add_argument("--num-envs", type=int, default=256, help="PPO envs")
     parser.add_argument("--shac-envs", type=int, default=64, help="SHAC envs (MJX)")
     parser.add_argument("--eval-envs", type=int, default=32, help="envs (one episode each) per evaluation")
@@ -305,6 +412,7 @@ def main() -> None:
     parser.add_argument(
         "--save", metavar="DIR", help="walk, speed-range: write each run's final policy to DIR/<part>-seed<N>.pt"
     )
+    add_jump_arguments(parser)
     args = parser.parse_args()
     torch.set_num_threads(1)  # the physics has its own threads; one torch thread is fastest on 2 busy cores
 
@@ -326,6 +434,7 @@ def main() -> None:
         if part in args.parts:
             for seed in args.seeds:
                 walking.extend(walk_part(part, seed, args))
+    jump = jump_part(args) if "jump" in args.parts else None
     if "shac" in args.parts:
         if target is not None:
             outcomes.append(shac_part(args, *target))
@@ -344,11 +453,14 @@ def main() -> None:
         print(WALK_HEADER)
         for o in walking:
             print(format_command_outcome(o))
+    if jump is not None:
+        print_jump(jump)
     if args.json:
         with open(args.json, "w") as file:
-            json.dump(
-                {"outcomes": [asdict(o) for o in outcomes], "walking": [asdict(o) for o in walking]}, file, indent=2
-            )
+            figures = {"outcomes": [asdict(o) for o in outcomes], "walking": [asdict(o) for o in walking]}
+            if jump is not None:
+                figures["jump"] = asdict(jump)
+            json.dump(figures, file, indent=2)
 
 
 if __name__ == "__main__":

@@ -81,6 +81,7 @@ def test_state_dict_round_trip():
     trainer.train_iteration()
     state = trainer.state_dict()
     assert set(state) == {
+        "task_library",
         "actor",
         "critic",
         "target_critic",

@@ -170,7 +170,7 @@ def test_fresh_run_refuses_to_overwrite(trained, capsys):
 def _table_rows(out: str) -> list[list[str]]:
     lines = out.splitlines()
     start = next(i for i, line in enumerate(lines) if "command vx,vy" in line) + 2  # header and units
-    return [line.split() for line in lines[start:] if line.strip() and not line.startswith("video")]
+    return [line.split() for line in lines[start:] if line.strip() and not line.startswith(("video", "table"))]
 
 
 def test_eval_prints_one_row_per_command(trained, capsys):
@@ -179,11 +179,12 @@ def test_eval_prints_one_row_per_command(trained, capsys):
     for label in ("survival", "forward", "lateral", "yaw drift", "clearance", "steps/s"):
         assert label in out
     rows = _table_rows(out)
-    assert [row[0] for row in rows] == ["+0.00,+0.00"]  # the standing task's one command
-    assert 0.0 <= float(rows[0][1]) <= 100.0
+    assert [row[:2] for row in rows] == [["standing", "+0.00,+0.00"]]  # the standing task's one command
+    assert 0.0 <= float(rows[0][2]) <= 100.0
+    assert rows[0][-3:] == ["-", "-", "-"]  # standing does not hop
     assert main(["eval", str(trained), "--episodes", "2", "--max-steps", "30", "--command", "0.1", "-0.05"]) == 0
     rows = _table_rows(capsys.readouterr().out)
-    assert [row[0] for row in rows] == ["+0.10,-0.05"]
+    assert [row[:2] for row in rows] == [["standing", "+0.10,-0.05"]]
 
 
 def test_eval_refuses_a_non_finite_command(trained, capsys):
@@ -330,3 +331,151 @@ def test_the_step_budget_left_out_follows_the_task(argv, steps, tmp_path):
     config, checkpoint = resolve_config(args)
     assert checkpoint is None
     assert config["run"]["total_steps"] == steps
+
+
+# ---------------------------------------------------------------------------
+# A library of several tasks: per-task evaluation, export with the task id
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def trained_mix(tmp_path_factory):
+    """A 512-step PPO run on the four-task mix library (task-conditioned by default)."""
+    out = tmp_path_factory.mktemp("mix")
+    argv = ["train", "--task", "mix", "--total-steps", "512", "--out", str(out), *TINY, "--video-frames", "0"]
+    assert main(argv) == 0
+    return out
+
+
+def test_a_mix_checkpoint_records_its_library(trained_mix):
+    checkpoint = torch.load(trained_mix / "checkpoint.pt", weights_only=True)
+    assert checkpoint["trainer"]["task_library"] == ["standing", "tracking+0.20", "sidestep+0.15", "jump"]
+    assert checkpoint["config"]["algorithm"]["task_embedding_dim"] == 8
+    assert checkpoint["trainer"]["policy"]["task_embedding.weight"].shape == (4, 8)
+
+
+def test_eval_runs_every_task_and_writes_the_csv(trained_mix, tmp_path, capsys):
+    path = tmp_path / "eval.csv"
+    argv = ["eval", str(trained_mix), "--episodes", "2", "--max-steps", "20", "--csv", str(path)]
+    assert main(argv) == 0
+    rows = _table_rows(capsys.readouterr().out)
+    assert [row[:2] for row in rows] == [
+        ["standing", "+0.00,+0.00"],
+        ["tracking+0.20", "+0.20,+0.00"],
+        ["sidestep+0.15", "+0.00,+0.15"],
+        ["jump", "+0.00,+0.00"],
+    ]
+    assert [row[-3:] == ["-", "-", "-"] for row in rows] == [True, True, True, False]  # hop figures: jump only
+    table = read_rows(path)
+    assert [row["task"] for row in table] == ["standing", "tracking+0.20", "sidestep+0.15", "jump"]
+    for printed, written in zip(rows, table):  # the CSV holds the printed figures
+        assert float(printed[2]) == pytest.approx(100 * float(written["survival"]), abs=0.05)
+        assert float(printed[3]) == pytest.approx(float(written["episode_return"]), abs=0.005)
+        assert int(written["episodes"]) == 2
+    assert main(["eval", str(trained_mix), "--episodes", "2", "--max-steps", "10", "--command", "0", "0"]) == 0
+    rows = _table_rows(capsys.readouterr().out)
+    assert [row[1] for row in rows] == ["+0.00,+0.00"] * 4  # the one command, in every task
+
+
+def test_eval_refuses_a_checkpoint_of_another_library(trained_mix, tmp_path, capsys):
+    checkpoint = torch.load(trained_mix / "checkpoint.pt", weights_only=True)
+    checkpoint["config"]["run"]["task"] = "jump-mix"  # as if its config named another library
+    torch.save(checkpoint, tmp_path / "checkpoint.pt")
+    assert main(["eval", str(tmp_path), "--episodes", "1", "--max-steps", "5"]) == 1
+    err = capsys.readouterr().err
+    assert "4 tasks [standing, tracking+0.20, sidestep+0.15, jump]" in err
+    assert "3 tasks [tracking+0.20, standing, jump]" in err
+
+
+def test_export_of_a_multi_task_policy_takes_the_task_id(trained_mix, tmp_path, capsys):
+    import onnx
+    import onnxruntime
+
+    from waddle.algorithms.checkpoint import load_checkpoint
+    from waddle.algorithms.evaluation import policy_from_checkpoint
+    from waddle.algorithms.presets import make_env
+
+    path = tmp_path / "policy.onnx"
+    assert main(["export", str(trained_mix), "--onnx", str(path), "--samples", "32"]) == 0
+    out = capsys.readouterr().out
+    assert "task_id [1, 1] int64" in out and "3 jump" in out
+    model = onnx.load(str(path))
+    onnx.checker.check_model(model)
+    assert [value.name for value in model.graph.input] == ["observation", "task_id"]
+    metadata = {prop.key: json.loads(prop.value) for prop in model.metadata_props}
+    assert metadata == {
+        "inputs": ["observation", "task_id"],
+        "task_names": ["standing", "tracking+0.20", "sidestep+0.15", "jump"],
+    }
+
+    # Independent parity: real observations, each with the task id its env ran.
+    env = make_env("mix", num_envs=8, seed=4)
+    policy = policy_from_checkpoint(load_checkpoint(trained_mix / "checkpoint.pt"), env)
+    rollout = env.rollout(10, break_when_any_done=False)
+    env.close()
+    observations, task_ids = rollout["observation"].reshape(-1, 56), rollout["task_id"].reshape(-1, 1)
+    assert len(set(task_ids.flatten().tolist())) > 1
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    with torch.no_grad():
+        for observation, task_id in zip(observations[::3], task_ids[::3]):
+            feed = {"observation": observation.reshape(1, 56).numpy(), "task_id": task_id.reshape(1, 1).numpy()}
+            (onnx_action,) = session.run(None, feed)
+            expected = policy(observation.reshape(1, 56), task_id.reshape(1, 1)).numpy()
+            np.testing.assert_allclose(onnx_action, expected, atol=1e-5)
+        # The id matters: the same observation under two tasks gives two actions, in both runtimes.
+        row = observations[:1]
+        actions = [session.run(None, {"observation": row.numpy(), "task_id": np.array([[k]])})[0] for k in (0, 3)]
+        assert not np.allclose(actions[0], actions[1])
+        np.testing.assert_allclose(actions[1], policy(row, torch.tensor([[3]])).numpy(), atol=1e-5)
+
+
+# ---------------------------------------------------------------------------
+# --init-from
+# ---------------------------------------------------------------------------
+
+
+def test_init_from_starts_a_new_run_on_another_library(trained, tmp_path, capsys):
+    out = tmp_path / "from-standing"
+    argv = ["train", "--task", "mix", "--init-from", str(trained), "--out", str(out), "--total-steps", "256"]
+    assert main([*argv, "--num-envs", "16", "--num-steps", "16", "--video-frames", "0", "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert "initialised from" in printed and "fresh task embedding for 4 tasks" in printed
+    config = json.loads((out / "config.json").read_text())
+    assert config["init_from"]["checkpoint"] == str(trained)
+    assert config["init_from"]["task_library"] == ["standing"]
+    # The network's shape came from the source (32 32, not the default 128 128).
+    assert config["algorithm"]["actor_hidden_sizes"] == [32, 32]
+    checkpoint = torch.load(out / "checkpoint.pt", weights_only=True)
+    assert checkpoint["env_steps"] == 256  # its own counters
+    assert checkpoint["trainer"]["task_library"] == ["standing", "tracking+0.20", "sidestep+0.15", "jump"]
+    source = torch.load(trained / "checkpoint.pt", weights_only=True)["trainer"]
+    assert int(checkpoint["trainer"]["normalizer"]["count"]) == int(source["normalizer"]["count"]) + 256
+    # A resumed run keeps the record and loads its own checkpoint, not the source again.
+    argv = ["train", "--out", str(out), "--resume", "--total-steps", "512", "--video-frames", "0", "--no-progress"]
+    assert main(argv) == 0
+    assert "initialised from" not in capsys.readouterr().out
+    assert json.loads((out / "config.json").read_text())["init_from"] == config["init_from"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--resume"], "--resume continues the run in --out and --init-from starts a new one"),
+        (
+            ["--actor-hidden-sizes", "64"],
+            "differs in actor_hidden_sizes: the source has [32, 32], this run asks for [64]",
+        ),
+        (["--algo", "apg"], "holds ppo networks but this run trains with --algo apg"),
+    ],
+)
+def test_init_from_refusals_are_one_line(trained, tmp_path, flags, message, capsys):
+    out = tmp_path / "x"
+    assert main(["train", "--init-from", str(trained), "--out", str(out), "--total-steps", "256", *flags]) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("waddle train: error:") and message in lines[0], lines
+    assert not out.exists()
+
+
+def test_init_from_a_missing_checkpoint(tmp_path, capsys):
+    assert main(["train", "--init-from", str(tmp_path / "nope.pt"), "--out", str(tmp_path / "x")]) == 1
+    assert "nope.pt does not exist" in capsys.readouterr().err

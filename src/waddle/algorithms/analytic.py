@@ -7,6 +7,11 @@ This module holds the rest: config checks of the common fields, the actor
 (deterministic MLP or reparameterised Gaussian), the observation normaliser
 and differentiable collector built around it, the guarded step, the rollout's
 scalars and the deterministic policy they export.
+
+With a library of several tasks the actor (and SHAC's critic) read
+``"task_id"`` through an embedding appended to the normalised observation
+(:class:`~waddle.modules.task_embedding.TaskConditionedMLP`); with one task
+they are the plain MLPs they always were.
 """
 
 from __future__ import annotations
@@ -20,8 +25,10 @@ from torch import nn
 from torchrl.envs import EnvBase
 from torchrl.modules import IndependentNormal, ProbabilisticActor
 
+from waddle.algorithms.task_library import check_task_embedding_dim, task_library
 from waddle.collectors import DifferentiableCollector, DifferentiableRollout
 from waddle.modules import RunningNormalizer, mlp
+from waddle.modules.task_embedding import TASK_ID_KEY, TaskConditionedMLP, conditioned
 
 
 def check_common_config(config) -> None:
@@ -34,6 +41,7 @@ def check_common_config(config) -> None:
         raise ValueError(f"max_grad_norm must be >= 0 (0 disables), got {config.max_grad_norm}.")
     if config.action_adjoint_max_norm < 0.0:
         raise ValueError(f"action_adjoint_max_norm must be >= 0 (0 disables), got {config.action_adjoint_max_norm}.")
+    check_task_embedding_dim(config)
 
 
 class GaussianHead(nn.Module):
@@ -44,9 +52,36 @@ class GaussianHead(nn.Module):
         self.net = net
         self.log_std = nn.Parameter(torch.full((action_dim,), float(init_log_std)))
 
-    def forward(self, observation: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        loc = self.net(observation)
+    @property
+    def reads_task_id(self) -> bool:
+        return isinstance(self.net, TaskConditionedMLP)
+
+    def forward(self, observation: torch.Tensor, *task_id: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        loc = self.net(observation, *task_id)
         return loc, self.log_std.exp().expand_as(loc)
+
+
+def build_net(
+    in_features: int,
+    hidden_sizes: tuple[int, ...],
+    out_features: int,
+    *,
+    num_tasks: int = 1,
+    task_embedding_dim: int = 0,
+    layer_norm: bool = False,
+) -> nn.Module:
+    """A plain :func:`~waddle.modules.mlp`, or a :class:`TaskConditionedMLP` when the library
+    has several tasks and ``task_embedding_dim > 0``."""
+    if conditioned(num_tasks, task_embedding_dim):
+        return TaskConditionedMLP(
+            in_features,
+            hidden_sizes,
+            out_features,
+            num_tasks=num_tasks,
+            embedding_dim=task_embedding_dim,
+            layer_norm=layer_norm,
+        )
+    return mlp(in_features, hidden_sizes, out_features, layer_norm=layer_norm)
 
 
 def build_actor(
@@ -56,19 +91,23 @@ def build_actor(
     *,
     stochastic: bool,
     init_log_std: float = -1.0,
+    num_tasks: int = 1,
+    task_embedding_dim: int = 0,
 ) -> TensorDictModule:
-    """An MLP policy reading ``"observation"`` and writing ``"action"``.
+    """An MLP policy reading ``"observation"`` (and ``"task_id"`` when task-conditioned)
+    and writing ``"action"``.
 
     Deterministic: ``action = mlp(observation)``. Stochastic: a
     ``ProbabilisticActor`` over an independent Gaussian whose samples are
     reparameterised (``rsample``), so gradients reach the mean and the std.
     """
-    net = mlp(obs_dim, hidden_sizes, action_dim)
+    net = build_net(obs_dim, hidden_sizes, action_dim, num_tasks=num_tasks, task_embedding_dim=task_embedding_dim)
+    in_keys = ["observation", TASK_ID_KEY] if isinstance(net, TaskConditionedMLP) else ["observation"]
     if not stochastic:
-        return TensorDictModule(net, in_keys=["observation"], out_keys=["action"])
+        return TensorDictModule(net, in_keys=in_keys, out_keys=["action"])
     head = TensorDictModule(
         GaussianHead(net, action_dim, init_log_std),
-        in_keys=["observation"],
+        in_keys=in_keys,
         out_keys=["loc", "scale"],
     )
     return ProbabilisticActor(head, in_keys=["loc", "scale"], distribution_class=IndependentNormal)
@@ -128,6 +167,8 @@ def build_policy_and_collector(
         config.actor_hidden_sizes,
         stochastic=config.stochastic_policy,
         init_log_std=config.init_log_std,
+        num_tasks=max(len(task_library(env)), 1),
+        task_embedding_dim=config.task_embedding_dim,
     ).to(device)
     bounded = getattr(env.action_spec, "low", None) is not None
     collector = DifferentiableCollector(
@@ -156,7 +197,10 @@ def rollout_metrics(rollout: DifferentiableRollout) -> dict[str, float]:
 
 
 class NormalizedMeanPolicy(nn.Module):
-    """``clamp(net(normalizer(observation)), low, high)``; the normaliser may be ``None``."""
+    """``clamp(net(normalizer(observation)), low, high)``; the normaliser may be ``None``.
+
+    A task-conditioned ``net`` (``reads_task_id``) takes ``(observation, task_id)``.
+    """
 
     def __init__(self, net: nn.Module, normalizer: RunningNormalizer | None, low: float, high: float) -> None:
         super().__init__()
@@ -164,10 +208,14 @@ class NormalizedMeanPolicy(nn.Module):
         self.normalizer = normalizer
         self.low, self.high = float(low), float(high)
 
-    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+    @property
+    def reads_task_id(self) -> bool:
+        return isinstance(self.net, TaskConditionedMLP) or bool(getattr(self.net, "reads_task_id", False))
+
+    def forward(self, observation: torch.Tensor, task_id: torch.Tensor | None = None) -> torch.Tensor:
         if self.normalizer is not None:
             observation = self.normalizer(observation)
-        out = self.net(observation)
+        out = self.net(observation, task_id) if self.reads_task_id else self.net(observation)
         if isinstance(out, tuple):  # a Gaussian head: (loc, scale)
             out = out[0]
         return out.clamp(self.low, self.high)

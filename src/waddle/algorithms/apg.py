@@ -30,6 +30,7 @@ from waddle.algorithms.analytic import (
     rollout_metrics,
 )
 from waddle.algorithms.targets import horizon_returns
+from waddle.algorithms.task_library import STATE_KEY, check_task_library, saved_task_library, task_library
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,9 @@ class APGConfig:
     """Clamp actions to the env's action bounds (ignored for unbounded specs)."""
     action_adjoint_max_norm: float = 0.0
     """Clip each env's gradient w.r.t. its action to this norm; 0 disables."""
+    task_embedding_dim: int = 8
+    """Width of the task-id embedding the actor reads beside the observation when the env's task library
+    holds more than one task (0: it never reads the task id)."""
 
     def __post_init__(self) -> None:
         check_common_config(self)
@@ -92,6 +96,7 @@ class APG:
         self.config = config
         self.device = torch.device(device)
         self.steps_per_iteration = config.horizon * env.batch_size[0]
+        self.task_library = task_library(env)
         self.normalizer, self.actor, self.collector = build_policy_and_collector(env, config, self.device)
         self.optimizer = torch.optim.Adam(self.actor.parameters(), lr=config.learning_rate, betas=config.adam_betas)
         self.iteration = 0
@@ -127,6 +132,7 @@ class APG:
 
     def state_dict(self) -> dict:
         return {
+            STATE_KEY: list(self.task_library),
             "actor": self.actor.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "normalizer": None if self.normalizer is None else self.normalizer.state_dict(),
@@ -134,6 +140,9 @@ class APG:
         }
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict` output; a state saved for another task library is refused
+        (:class:`~waddle.algorithms.task_library.TaskLibraryError`)."""
+        check_task_library(saved_task_library(state), self.task_library)
         self.actor.load_state_dict(state["actor"])
         self.optimizer.load_state_dict(state["optimizer"])
         if self.normalizer is not None:

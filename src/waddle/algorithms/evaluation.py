@@ -3,14 +3,17 @@
 Every trainer's ``deterministic_policy()`` (see :class:`~waddle.algorithms.trainer.Trainer`)
 is one ``observation -> action`` module with its observation normaliser inside;
 :func:`policy_from_checkpoint` rebuilds it from a checkpoint, and :func:`evaluate`
-runs it for one episode in each env of a batch under one command and reports
-what a locomotion policy is judged on: survival, speeds, yaw drift, foot
-clearance and step frequency; :func:`task_commands` lists the commands of a
-task library.
+runs it for one episode in each env of a batch under one command (and one
+task) and reports what a locomotion policy is judged on: survival, speeds, yaw
+drift, foot clearance, step frequency and, for hopping, hop height, airborne
+fraction and hop frequency. :func:`evaluate_tasks` does that for every task of
+the env's library and every command of each task; :func:`task_commands` lists
+the commands of a task library.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,7 +26,9 @@ from torchrl.envs import EnvBase
 
 from waddle.algorithms.checkpoint import CheckpointError
 from waddle.algorithms.presets import make_config, make_trainer, upgrade_config_fields
+from waddle.algorithms.task_library import TaskLibraryError
 from waddle.envs.rotations import wrap_angle
+from waddle.modules.task_embedding import TASK_ID_KEY, act
 from waddle.video import write_video
 
 
@@ -36,13 +41,16 @@ def policy_from_checkpoint(
     (any batch size and backend).
 
     Raises:
-        CheckpointError: the checkpoint's config or state does not rebuild its trainer.
+        CheckpointError: the checkpoint's config or state does not rebuild its trainer, or
+            it was trained on another task library than ``env``'s.
     """
     algo = checkpoint["algo"]
     try:
         config = make_config(algo, upgrade_config_fields(algo, checkpoint["config"]["algorithm"]))
         trainer = make_trainer(algo, env, config, device)
         trainer.load_state_dict(checkpoint["trainer"])
+    except TaskLibraryError as err:
+        raise CheckpointError(str(err)) from None
     except (KeyError, TypeError, ValueError, RuntimeError) as err:
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise CheckpointError(f"the checkpoint's {algo} state does not fit its config: {reason[:200]}") from None
@@ -77,6 +85,20 @@ class EvaluationResult:
     """Touchdowns per second (both feet counted) in the episodes that did not fall."""
     command: tuple[float, float] | None = None
     """The planar command every env was reset with, when one was pinned."""
+    hop_height: float = float("nan")
+    """Mean over the flights (both feet off the ground, then a touchdown) of the episodes that did not
+    fall of the flight's peak trunk height above the standing height, m (NaN without a flight or a
+    ``base_height()`` reading)."""
+    airborne_fraction: float = float("nan")
+    """Fraction of the steps of the episodes that did not fall with both feet off the ground."""
+    hop_frequency_hz: float = float("nan")
+    """Flights ended by a touchdown per second in the episodes that did not fall."""
+    task: str | None = None
+    """Name of the task every env was reset with, when one was pinned."""
+    task_id: int | None = None
+    """Index of that task in the env's library."""
+    hop_task: bool = False
+    """Whether that task rewards hops (its ``jump`` reward weight is positive): its hop figures are reported."""
 
     @property
     def survival(self) -> float:
@@ -104,12 +126,23 @@ def task_commands(tasks: Any) -> list[tuple[float, float]]:
     return commands
 
 
+def hop_tasks(tasks: Any) -> list[bool]:
+    """Per row of a task library, whether it rewards hops (a positive ``jump`` reward weight)."""
+    from waddle.envs.microduck.rewards import REWARD_TERMS
+
+    if "jump" not in REWARD_TERMS:
+        return [False] * tasks.shape[0]
+    column = list(REWARD_TERMS).index("jump")
+    return (tasks.reward_weights[:, column] > 0).tolist()
+
+
 @torch.no_grad()
 def evaluate(
     env: EnvBase,
     policy: nn.Module,
     *,
     command: tuple[float, float] | None = None,
+    task_id: int | None = None,
     video_path: str | Path | None = None,
     video_size: tuple[int, int] = (320, 240),
     max_steps: int | None = None,
@@ -120,10 +153,15 @@ def evaluate(
         env: a MicroDuck env, or any env with its observation layout
             (``BODY_VELOCITY_START``, a ``"command"`` entry) and its
             ``foot_heights()``, ``foot_contacts()``, ``heading()`` and
-            ``control_dt``.
-        policy: ``observation -> action``.
+            ``control_dt``; with ``base_height()`` and ``standing_height``
+            as well, hop heights are measured.
+        policy: ``observation -> action``, or ``(observation, task_id) ->
+            action`` for a task-conditioned policy (``reads_task_id``), which
+            gets the env's ``"task_id"`` entry.
         command: pin this planar command at reset in every env (it must lie
             in each env's task box); by default each env draws its own.
+        task_id: reset every env into this task of the env's library; by
+            default each env draws its own.
         video_path: when given, film env 0's episode from the env's camera
             (``"track"``) to this mp4 file at the control rate.
         video_size: ``(width, height)`` of the video.
@@ -145,6 +183,9 @@ def evaluate(
     yaw_drift = zeros(num_envs)
     touchdowns = zeros(num_envs)
     clearance_sum, clearance_count = 0.0, 0
+    airborne_steps, hops = zeros(num_envs), zeros(num_envs)
+    hop_height_sum, hop_height_count = zeros(num_envs), zeros(num_envs)
+    measures_height = callable(getattr(env, "base_height", None)) and hasattr(env, "standing_height")
 
     frames, renderer = [], None
     if video_path is not None:
@@ -153,21 +194,28 @@ def evaluate(
         renderer = BatchRenderer(env.model, width=video_size[0], height=video_size[1])
         camera = getattr(env, "camera_id", None)
 
-    reset_td = None
+    pinned = {}
     if command is not None:
-        pinned = torch.tensor([command], dtype=torch.float32).expand(num_envs, 2)
-        reset_td = TensorDict(command=pinned.to(env.device), batch_size=env.batch_size, device=env.device)
+        pinned["command"] = torch.tensor([command], dtype=torch.float32).expand(num_envs, 2).to(env.device)
+    if task_id is not None:
+        pinned[TASK_ID_KEY] = torch.full((num_envs, 1), int(task_id), dtype=torch.long, device=env.device)
+    reset_td = TensorDict(pinned, batch_size=env.batch_size, device=env.device) if pinned else None
     td = env.reset(reset_td)
     yaw = env.heading().float().cpu()
     rest_height = env.foot_heights().float().cpu()
     contacts = env.foot_contacts().cpu()
     swing_peak = torch.where(contacts, torch.zeros_like(rest_height), rest_height)
+    flight_peak = torch.full((num_envs,), -torch.inf)
+    if measures_height:
+        above = env.base_height().float().cpu() - float(env.standing_height)
+        flight_peak = torch.where(contacts.any(-1), flight_peak, above)
     try:
         for _ in range(max_steps):
             if renderer is not None and running[0]:
                 frames.append(renderer.render(env.physics.qpos[:1], camera=camera)[0].numpy())
-            action = policy(td["observation"].to(device)).to(env.device)
-            td = env.step(td.set("action", action))
+            task = td.get(TASK_ID_KEY, None)
+            action = act(policy, td["observation"].to(device), None if task is None else task.to(device))
+            td = env.step(td.set("action", action.to(env.device)))
             out = td["next"]
             velocity = out["observation"][:, velocity_start : velocity_start + 2].float().cpu()
             reward = out["reward"].reshape(num_envs).float().cpu()
@@ -184,11 +232,23 @@ def evaluate(
             yaw_drift += torch.where(running & ~terminated, wrap_angle(new_yaw - yaw), 0.0)
             yaw = new_yaw
             heights, new_contacts = env.foot_heights().float().cpu(), env.foot_contacts().cpu()
-            landed = new_contacts & ~contacts & running.unsqueeze(-1) & ~terminated.unsqueeze(-1)
+            counted = running & ~terminated
+            landed = new_contacts & ~contacts & counted.unsqueeze(-1)
             touchdowns += landed.sum(-1)
             clearance_sum += float((swing_peak - rest_height)[landed].sum())
             clearance_count += int(landed.sum())
             swing_peak = torch.where(new_contacts, torch.zeros_like(heights), torch.maximum(swing_peak, heights))
+
+            # A flight: both feet off the ground; it ends as a hop at the next touchdown.
+            flying, was_flying = ~new_contacts.any(-1), ~contacts.any(-1)
+            airborne_steps += (flying & counted).float()
+            hop = was_flying & ~flying & counted
+            hops += hop.float()
+            if measures_height:
+                above = env.base_height().float().cpu() - float(env.standing_height)
+                hop_height_sum += torch.where(hop, flight_peak, 0.0)
+                hop_height_count += hop.float()
+                flight_peak = torch.where(flying, torch.maximum(flight_peak, above), -torch.inf)
             contacts = new_contacts
 
             fell |= running & terminated
@@ -208,6 +268,7 @@ def evaluate(
     drift_deg = torch.rad2deg(yaw_drift.abs())[standing]
     seconds = lengths[standing] * env.control_dt
     nan = float("nan")
+    flights = hop_height_count[standing].sum()
     return EvaluationResult(
         episodes=num_envs,
         mean_return=float(episode_return.mean()),
@@ -221,7 +282,48 @@ def evaluate(
         foot_clearance=clearance_sum / clearance_count if clearance_count else nan,
         step_frequency_hz=float((touchdowns[standing] / seconds).mean()) if standing.any() else nan,
         command=None if command is None else (float(command[0]), float(command[1])),
+        hop_height=float(hop_height_sum[standing].sum() / flights) if flights > 0 else nan,
+        airborne_fraction=float(airborne_steps[standing].sum() / lengths[standing].sum()) if standing.any() else nan,
+        hop_frequency_hz=float((hops[standing] / seconds).mean()) if standing.any() else nan,
+        task_id=None if task_id is None else int(task_id),
     )
+
+
+def evaluate_tasks(
+    env: EnvBase,
+    policy: nn.Module,
+    *,
+    command: tuple[float, float] | None = None,
+    video_path: str | Path | None = None,
+    max_steps: int | None = None,
+) -> list[EvaluationResult]:
+    """:func:`evaluate` every task of ``env``'s library, each under each of its commands.
+
+    One :func:`evaluate` call per row: every env is reset into the task (its
+    ``task_id`` pinned) and the command; a task's commands are
+    :func:`task_commands` of its row (or ``command`` alone when given). Rows
+    come in library order and carry the task's name, id and whether it
+    rewards hops (:func:`hop_tasks`).
+
+    Args:
+        env: a MicroDuck env (it needs ``tasks``); ``num_envs`` is the number
+            of episodes per row.
+        policy: as for :func:`evaluate`.
+        command: evaluate only this planar command, in every task.
+        video_path: film env 0 of the first row to this mp4 file.
+        max_steps: as for :func:`evaluate`.
+    """
+    tasks = env.tasks
+    names = [tasks.name] if isinstance(tasks.name, str) else list(tasks.name)
+    hopping = hop_tasks(tasks)
+    results = []
+    for index, name in enumerate(names):
+        commands = [command] if command is not None else task_commands(tasks[index : index + 1])
+        for pinned in commands:
+            video = video_path if not results else None
+            result = evaluate(env, policy, command=pinned, task_id=index, video_path=video, max_steps=max_steps)
+            results.append(dataclasses.replace(result, task=name, hop_task=hopping[index]))
+    return results
 
 
 @torch.no_grad()
@@ -240,6 +342,8 @@ def film(
         td = env.reset()
         for _ in range(frames):
             images.append(renderer.render(env.physics.qpos[:1], camera=getattr(env, "camera_id", None))[0].numpy())
-            action = policy(td["observation"].to(device)).to(env.device)
+            task = td.get(TASK_ID_KEY, None)
+            action = act(policy, td["observation"].to(device), None if task is None else task.to(device))
+            action = action.to(env.device)
             _, td = env.step_and_maybe_reset(td.set("action", action))
     write_video(path, images, fps=round(1.0 / env.control_dt))

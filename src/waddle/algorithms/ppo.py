@@ -21,6 +21,12 @@ The maths PPO needs beyond TorchRL is in pure functions the tests import:
 :func:`gaussian_kl`, :func:`adapt_learning_rate`, :func:`finished_episodes`
 and :func:`reward_term_means`.
 
+When the env's task library holds several tasks, the actor and the critic
+each read ``"task_id"`` through their own embedding (``task_embedding_dim``
+wide) appended to the normalised observation; with one task they read the
+observation only, as before. The library's task names are saved with the
+state and a state saved for another library is refused on load.
+
 When the env reports its weighted reward terms (``MicroDuckEnv(diagnostics=True)``
 writes ``diagnostic_reward_<term>``, summing to the reward), each iteration also
 logs their mean per env step as ``reward/<term>``.
@@ -40,8 +46,16 @@ from torchrl.envs import EnvBase
 from torchrl.objectives import ClipPPOLoss
 from torchrl.objectives.value import GAE
 
+from waddle.algorithms.task_library import (
+    STATE_KEY,
+    check_task_embedding_dim,
+    check_task_library,
+    saved_task_library,
+    task_library,
+)
 from waddle.modules.networks import LOG_STD_BOUNDS, GaussianPolicy, PolicyMean, ValueNetwork, make_actor, make_critic
 from waddle.modules.normalizer import RunningNormalizer
+from waddle.modules.task_embedding import TASK_ID_KEY
 
 LR_SCHEDULES = ("constant", "adaptive")
 REWARD_TERM_PREFIX = "diagnostic_reward_"
@@ -84,8 +98,12 @@ class PPOConfig:
     """Initial log standard deviation of the Gaussian policy (0: std 1; actions live in [-1, 1], the env clips samples)."""
     normalize_observations: bool = True
     """Normalise observations by running mean and variance (frozen at identity when False)."""
+    task_embedding_dim: int = 8
+    """Width of the task-id embedding the actor and the critic read beside the observation when the env's
+    task library holds more than one task (0: they never read the task id)."""
 
     def __post_init__(self) -> None:
+        check_task_embedding_dim(self)
         for name in ("num_steps", "num_epochs", "num_minibatches"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -228,13 +246,15 @@ class PPO:
         action_dim = env.action_spec.shape[-1]
         low, high = env.action_spec.space.low, env.action_spec.space.high
         self.action_low, self.action_high = float(low.min()), float(high.max())
+        self.task_library = task_library(env)
+        tasks = dict(num_tasks=max(len(self.task_library), 1), task_embedding_dim=config.task_embedding_dim)
 
         # Networks: one normaliser shared by the actor and the critic.
         self.normalizer = RunningNormalizer(observation_dim).to(self.device)
         self.policy = GaussianPolicy(
-            self.normalizer, action_dim, config.actor_hidden_sizes, init_std=math.exp(config.init_log_std)
+            self.normalizer, action_dim, config.actor_hidden_sizes, init_std=math.exp(config.init_log_std), **tasks
         )
-        self.value = ValueNetwork(self.normalizer, config.critic_hidden_sizes)
+        self.value = ValueNetwork(self.normalizer, config.critic_hidden_sizes, **tasks)
         self.policy.to(self.device)
         self.value.to(self.device)
         self.actor = make_actor(self.policy)
@@ -348,7 +368,9 @@ class PPO:
 
                 if config.lr_schedule == "adaptive":
                     with torch.no_grad():
-                        kl = gaussian_kl(mb_data["loc"], mb_data["scale"], *self.policy(mb_data["observation"]))
+                        task_id = mb_data[TASK_ID_KEY] if self.policy.reads_task_id else None
+                        new_loc, new_scale = self.policy(mb_data["observation"], task_id)
+                        kl = gaussian_kl(mb_data["loc"], mb_data["scale"], new_loc, new_scale)
                     sums["charts/kl"] += float(kl)
                     self._set_learning_rate(adapt_learning_rate(self.learning_rate, float(kl), config.desired_kl))
                 for key, name in logged.items():
@@ -418,13 +440,16 @@ class PPO:
     # ------------------------------------------------------------------
 
     def deterministic_policy(self) -> PolicyMean:
-        """The exportable ``observation -> action`` module (normaliser baked in, mean clamped)."""
+        """The exportable ``observation -> action`` module (normaliser baked in, mean clamped);
+        ``(observation, task_id) -> action`` when task-conditioned."""
         return PolicyMean(self.policy, self.action_low, self.action_high).eval()
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to continue training: networks, normaliser, optimiser, counters."""
+        """Everything needed to continue training: networks, normaliser, optimiser, counters,
+        and the task library the networks were built for."""
         return {
             "config": asdict(self.config),
+            STATE_KEY: list(self.task_library),
             "policy": self.policy.state_dict(),
             "value": self.value.state_dict(),
             "normalizer": self.normalizer.state_dict(),
@@ -435,7 +460,12 @@ class PPO:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` output (the env is reset, not restored)."""
+        """Restore :meth:`state_dict` output (the env is reset, not restored).
+
+        Raises:
+            TaskLibraryError: the state was saved for another task library.
+        """
+        check_task_library(saved_task_library(state), self.task_library)
         self.policy.load_state_dict(state["policy"])
         self.value.load_state_dict(state["value"])
         self.normalizer.load_state_dict(state["normalizer"])

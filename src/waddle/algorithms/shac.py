@@ -12,6 +12,9 @@ Only each env's steps up to its first done in the window count (the rollout's
 ``alive_mask``): a terminated env contributes no value after it, a truncated
 one is bootstrapped from the observation it reached.
 
+With a library of several tasks, the actor and the critic each read the task
+id through their own embedding (``task_embedding_dim`` wide).
+
 Reading order: config, the pure losses, then the trainer, whose
 ``train_iteration`` is actor step, critic steps, target update, graph cut.
 """
@@ -27,6 +30,7 @@ from torch import nn
 from torchrl.envs import EnvBase
 
 from waddle.algorithms.analytic import (
+    build_net,
     build_policy_and_collector,
     check_common_config,
     env_dims,
@@ -35,7 +39,9 @@ from waddle.algorithms.analytic import (
     rollout_metrics,
 )
 from waddle.algorithms.targets import horizon_returns, td_lambda_targets
-from waddle.modules import mlp
+from waddle.algorithms.task_library import STATE_KEY, check_task_library, saved_task_library, task_library
+from waddle.collectors import DifferentiableRollout
+from waddle.modules.task_embedding import TASK_ID_KEY, TaskConditionedMLP
 
 
 @dataclass(frozen=True)
@@ -78,6 +84,9 @@ class SHACConfig:
     """Clamp actions to the env's action bounds (ignored for unbounded specs)."""
     action_adjoint_max_norm: float = 0.0
     """Clip each env's gradient w.r.t. its action to this norm; 0 disables."""
+    task_embedding_dim: int = 8
+    """Width of the task-id embedding the actor and the critic read beside the observation when the env's
+    task library holds more than one task (0: they never read the task id)."""
 
     def __post_init__(self) -> None:
         check_common_config(self)
@@ -141,9 +150,17 @@ class SHAC:
         self.config = config
         self.device = torch.device(device)
         self.steps_per_iteration = config.horizon * env.batch_size[0]
+        self.task_library = task_library(env)
         self.normalizer, self.actor, self.collector = build_policy_and_collector(env, config, self.device)
         obs_dim, _ = env_dims(env)
-        self.critic = mlp(obs_dim, config.critic_hidden_sizes, 1, layer_norm=config.critic_layer_norm).to(self.device)
+        self.critic = build_net(
+            obs_dim,
+            config.critic_hidden_sizes,
+            1,
+            num_tasks=max(len(self.task_library), 1),
+            task_embedding_dim=config.task_embedding_dim,
+            layer_norm=config.critic_layer_norm,
+        ).to(self.device)
         self.target_critic = copy.deepcopy(self.critic).requires_grad_(False)
         self.actor_optimizer = torch.optim.Adam(
             self.actor.parameters(), lr=config.learning_rate, betas=config.adam_betas
@@ -156,9 +173,24 @@ class SHAC:
     def _normalize(self, observation: torch.Tensor) -> torch.Tensor:
         return observation if self.normalizer is None else self.normalizer(observation)
 
-    def values(self, critic: nn.Module, observation: torch.Tensor) -> torch.Tensor:
-        """``critic(normalize(observation))`` without the trailing unit dimension."""
+    @property
+    def _critic_reads_task_id(self) -> bool:
+        return isinstance(self.critic, TaskConditionedMLP)
+
+    def values(self, critic: nn.Module, observation: torch.Tensor, task_id: torch.Tensor | None = None) -> torch.Tensor:
+        """``critic(normalize(observation))`` (with the task id when conditioned), without the trailing unit dimension."""
+        if self._critic_reads_task_id:
+            return critic(self._normalize(observation), task_id).squeeze(-1)
         return critic(self._normalize(observation)).squeeze(-1)
+
+    def _task_ids(self, rollout: DifferentiableRollout) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """``[T, N, 1]`` task ids of each step's observation and of its next observation (``None`` unconditioned)."""
+        if not self._critic_reads_task_id:
+            return None, None
+        # The policy's input holds the id it acted under; the step's output, the id of the episode it stepped.
+        acted = torch.stack([t.policy_output[TASK_ID_KEY] for t in rollout.transitions])
+        stepped = torch.stack([t.info[TASK_ID_KEY] for t in rollout.transitions]).to(acted.device)
+        return acted, stepped
 
     def train_iteration(self) -> dict[str, float]:
         """One window: actor step through the env, critic regression, target update, graph cut."""
@@ -169,7 +201,8 @@ class SHAC:
         rollout = self.collector.collect(cfg.horizon)
         rewards = rollout.rewards * cfg.reward_scale
         alive, terminated = rollout.alive_mask, rollout.terminations
-        next_values = self.values(self.target_critic, rollout.next_observations)
+        task_ids, next_task_ids = self._task_ids(rollout)
+        next_values = self.values(self.target_critic, rollout.next_observations, next_task_ids)
         loss = actor_loss(rewards, alive, next_values, terminated, cfg.gamma)
         rollout_time = time.perf_counter() - start
         start = time.perf_counter()
@@ -188,12 +221,14 @@ class SHAC:
                 cfg.gae_lambda,
             )
             b_obs = self._normalize(rollout.observations.detach())[alive]
+            b_task_ids = task_ids[alive] if task_ids is not None else None
             b_targets = targets[alive]
         critic_losses, critic_skipped = [], 0.0
         for _ in range(cfg.num_epochs):
             order = torch.randperm(b_obs.shape[0], device=b_obs.device)
             for mb_idx in order.chunk(cfg.num_minibatches):
-                mb_loss = critic_loss(self.critic(b_obs[mb_idx]).squeeze(-1), b_targets[mb_idx])
+                mb_inputs = (b_obs[mb_idx],) if b_task_ids is None else (b_obs[mb_idx], b_task_ids[mb_idx])
+                mb_loss = critic_loss(self.critic(*mb_inputs).squeeze(-1), b_targets[mb_idx])
                 step = guarded_step(mb_loss, self.critic_optimizer, self.critic.parameters(), cfg.max_grad_norm)
                 critic_losses.append(float(mb_loss.detach()))
                 critic_skipped += step["skipped"]
@@ -224,6 +259,7 @@ class SHAC:
 
     def state_dict(self) -> dict:
         return {
+            STATE_KEY: list(self.task_library),
             "actor": self.actor.state_dict(),
             "critic": self.critic.state_dict(),
             "target_critic": self.target_critic.state_dict(),
@@ -234,6 +270,9 @@ class SHAC:
         }
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict` output; a state saved for another task library is refused
+        (:class:`~waddle.algorithms.task_library.TaskLibraryError`)."""
+        check_task_library(saved_task_library(state), self.task_library)
         self.actor.load_state_dict(state["actor"])
         self.critic.load_state_dict(state["critic"])
         self.target_critic.load_state_dict(state["target_critic"])

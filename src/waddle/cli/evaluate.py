@@ -1,35 +1,54 @@
-"""``waddle eval``: run a checkpoint's deterministic policy and report how it does, per command.
+"""``waddle eval``: run a checkpoint's deterministic policy and report how it does, per task and command.
 
-For each command of the task library the checkpoint was trained on (a fixed
-command, or the low, middle and high speed of a range), or for the one
-``--command VX VY``, it runs one episode of ``--max-steps`` steps (1000 = 20 s
-by default) in each of ``--episodes`` envs and prints one row: survival,
-return, the forward and lateral speed of the envs that did not fall, yaw
-drift, foot clearance and step frequency. ``--video`` films the first env of
-the first command from the tracking camera.
+For each task of the library the checkpoint was trained on, and each command
+of that task (a fixed command, or the low, middle and high speed of a range;
+or the one ``--command VX VY``), it resets ``--episodes`` envs into that task
+and command, runs one episode of ``--max-steps`` steps (1000 = 20 s by
+default) in each and prints one row: survival, return, the forward and lateral
+speed of the envs that did not fall, tracking error, yaw drift, foot clearance
+and step frequency, and for a task that rewards hops (jump) the hop height,
+airborne fraction and hop frequency. A task-conditioned policy gets each
+env's task id. ``--csv`` writes the same rows to a CSV file; ``--video`` films
+the first env of the first row from the tracking camera.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
+import math
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from waddle.algorithms.checkpoint import CheckpointError, load_checkpoint
 from waddle.algorithms.presets import BACKENDS
+from waddle.files import atomic_write
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "checkpoint", metavar="CHECKPOINT", help="a checkpoint.pt written by waddle train (or its run directory)"
     )
-    parser.add_argument("--episodes", type=int, default=16, metavar="N", help="episodes, run side by side (default 16)")
+    parser.add_argument(
+        "--episodes",
+        type=int,
+        default=16,
+        metavar="N",
+        help="episodes per task and command, run side by side (default 16)",
+    )
     parser.add_argument("--video", metavar="PATH", help="write an mp4 of the first env's episode here")
+    parser.add_argument("--csv", metavar="PATH", help="also write the table here, one row per task and command")
     parser.add_argument(
         "--max-steps", type=int, default=1000, metavar="N", help="episode length in steps (default 1000 = 20 s)"
     )
     parser.add_argument(
-        "--command", type=float, nargs=2, metavar=("VX", "VY"), help="evaluate this planar command (m/s) only"
+        "--command",
+        type=float,
+        nargs=2,
+        metavar=("VX", "VY"),
+        help="evaluate this planar command (m/s) only, in every task",
     )
     parser.add_argument(
         "--seed", type=int, default=12345, metavar="S", help="seed of the evaluation envs (default 12345)"
@@ -45,9 +64,7 @@ def checkpoint_path(path: str | Path) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    import math
-
-    from waddle.algorithms.evaluation import evaluate, policy_from_checkpoint, task_commands
+    from waddle.algorithms.evaluation import evaluate_tasks, policy_from_checkpoint
     from waddle.algorithms.presets import make_env
 
     for flag, value in (("--episodes", args.episodes), ("--max-steps", args.max_steps)):
@@ -77,42 +94,104 @@ def run(args: argparse.Namespace) -> int:
     except (KeyError, TypeError, ValueError, ImportError) as err:
         print(f"waddle eval: error: {path} cannot be evaluated: {str(err).splitlines()[0]}", file=sys.stderr)
         return 1
-    commands = [tuple(args.command)] if args.command is not None else task_commands(env.tasks)
-    results = []
+    command = None if args.command is None else tuple(args.command)
     try:
-        for index, command in enumerate(commands):
-            video = args.video if index == 0 else None
-            results.append(evaluate(env, policy, command=command, video_path=video, max_steps=args.max_steps))
+        results = evaluate_tasks(env, policy, command=command, video_path=args.video, max_steps=args.max_steps)
     finally:
         env.close()
     trained = f"{checkpoint['algo']}, task {run_config['task']}, {checkpoint['env_steps']} env steps"
     print(f"checkpoint {path} ({trained})")
     print(
-        f"{args.episodes} episodes of {args.max_steps} steps per command; speeds and drift over the envs that did not fall"
+        f"{args.episodes} episodes of {args.max_steps} steps per task and command; "
+        "speeds, drift and hops over the envs that did not fall"
     )
     print(format_table(results))
+    if args.csv:
+        write_csv(results, args.csv)
+        print(f"table: {args.csv}")
     if args.video:
-        print(f"video: {args.video} (command {commands[0][0]:+.2f}, {commands[0][1]:+.2f})")
+        first = results[0]
+        print(f"video: {args.video} (task {first.task}, command {first.command[0]:+.2f}, {first.command[1]:+.2f})")
     return 0
 
 
+TASK_WIDTH = 22
 HEADER = (
-    f"{'command vx,vy':>14} {'survival':>8} {'return':>8} {'forward':>8} {'lateral':>8} {'track err':>9} "
-    f"{'yaw drift':>9} {'p95':>6} {'clearance':>9} {'steps/s':>7}"
+    f"{'task':<{TASK_WIDTH}} {'command vx,vy':>14} {'survival':>8} {'return':>8} {'forward':>8} {'lateral':>8} "
+    f"{'track err':>9} {'yaw drift':>9} {'p95':>6} {'clearance':>9} {'steps/s':>7} {'hop':>6} {'airborne':>8} "
+    f"{'hops/s':>6}"
+)
+UNITS = (
+    f"{'':<{TASK_WIDTH}} {'':>14} {'%':>8} {'':>8} {'m/s':>8} {'m/s':>8} {'m/s':>9} {'deg':>9} {'deg':>6} "
+    f"{'cm':>9} {'Hz':>7} {'cm':>6} {'%':>8} {'Hz':>6}"
 )
 
 
-def format_table(results) -> str:
-    """One row per command: the figures of :class:`~waddle.algorithms.evaluation.EvaluationResult`."""
-    rows = [
-        HEADER,
-        f"{'':>14} {'%':>8} {'':>8} {'m/s':>8} {'m/s':>8} {'m/s':>9} {'deg':>9} {'deg':>6} {'cm':>9} {'Hz':>7}",
-    ]
+def format_table(results: Sequence[Any]) -> str:
+    """One row per task and command: the figures of :class:`~waddle.algorithms.evaluation.EvaluationResult`;
+    the hop columns are filled for the tasks that reward hops and ``-`` elsewhere."""
+    rows = [HEADER, UNITS]
     for r in results:
         command = f"{r.command[0]:+.2f},{r.command[1]:+.2f}"
+        task = r.task if r.task is not None else "-"
+        if r.hop_task:
+            hops = f"{100 * r.hop_height:>6.2f} {100 * r.airborne_fraction:>8.1f} {r.hop_frequency_hz:>6.2f}"
+        else:
+            hops = f"{'-':>6} {'-':>8} {'-':>6}"
         rows.append(
-            f"{command:>14} {100 * r.survival:>8.1f} {r.mean_return:>8.2f} {r.mean_forward_speed:>8.3f} "
-            f"{r.mean_lateral_speed:>8.3f} {r.velocity_tracking_error:>9.3f} {r.yaw_drift_deg:>9.1f} "
-            f"{r.yaw_drift_p95_deg:>6.1f} {100 * r.foot_clearance:>9.2f} {r.step_frequency_hz:>7.2f}"
+            f"{task:<{TASK_WIDTH}} {command:>14} {100 * r.survival:>8.1f} {r.mean_return:>8.2f} "
+            f"{r.mean_forward_speed:>8.3f} {r.mean_lateral_speed:>8.3f} {r.velocity_tracking_error:>9.3f} "
+            f"{r.yaw_drift_deg:>9.1f} {r.yaw_drift_p95_deg:>6.1f} {100 * r.foot_clearance:>9.2f} "
+            f"{r.step_frequency_hz:>7.2f} {hops}"
         )
     return "\n".join(rows)
+
+
+CSV_COLUMNS: dict[str, str] = {
+    "task": "task",
+    "task_id": "task_id",
+    "command_vx": "command[0]",
+    "command_vy": "command[1]",
+    "episodes": "episodes",
+    "survival": "survival",
+    "episode_return": "mean_return",
+    "episode_length": "mean_episode_length",
+    "forward_speed_mps": "mean_forward_speed",
+    "lateral_speed_mps": "mean_lateral_speed",
+    "tracking_error_mps": "velocity_tracking_error",
+    "yaw_drift_deg": "yaw_drift_deg",
+    "yaw_drift_p95_deg": "yaw_drift_p95_deg",
+    "foot_clearance_m": "foot_clearance",
+    "step_frequency_hz": "step_frequency_hz",
+    "hop_height_m": "hop_height",
+    "airborne_fraction": "airborne_fraction",
+    "hop_frequency_hz": "hop_frequency_hz",
+}
+"""CSV header -> the :class:`~waddle.algorithms.evaluation.EvaluationResult` figure in it (SI units, fractions)."""
+HOP_COLUMNS = ("hop_height_m", "airborne_fraction", "hop_frequency_hz")
+"""Columns left empty in the rows of tasks that do not reward hops, as the table shows ``-`` there."""
+
+
+def csv_row(result: Any) -> dict[str, Any]:
+    """One CSV row of ``result`` (see :data:`CSV_COLUMNS`)."""
+    row: dict[str, Any] = {}
+    for column, figure in CSV_COLUMNS.items():
+        if figure.startswith("command["):
+            value = result.command[int(figure[8])] if result.command is not None else ""
+        else:
+            value = getattr(result, figure)
+        if column in HOP_COLUMNS and not result.hop_task:
+            value = ""
+        row[column] = "" if value is None or (isinstance(value, float) and math.isnan(value)) else value
+    return row
+
+
+def write_csv(results: Sequence[Any], path: str | Path) -> None:
+    """Write the table's rows to ``path`` (atomically), one per task and command."""
+
+    def write(file) -> None:
+        writer = csv.DictWriter(file, fieldnames=list(CSV_COLUMNS), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(csv_row(result) for result in results)
+
+    atomic_write(path, write, mode="w")

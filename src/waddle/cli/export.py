@@ -2,22 +2,33 @@
 
 The graph maps one observation ``[1, 56]`` to one action ``[1, 14]`` with the
 observation normaliser baked in as constants, so a robot-side runtime feeds it
-raw observations. After writing, the graph is run in onnxruntime on random
-observations and compared with the torch policy; a mismatch is an error.
+raw observations. A policy trained on a library of several tasks also takes
+the task id, ``task_id`` ``[1, 1]`` int64, as a second input; the graph's
+metadata (``metadata_props``) lists the library's task names by id under
+``task_names`` (:func:`policy_metadata`, the one place a deployment sidecar
+should read them from). After writing, the graph is run in onnxruntime on
+random observations (and task ids) and compared with the torch policy; a
+mismatch is an error.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from waddle.algorithms.checkpoint import CheckpointError, atomic_write, load_checkpoint
+from waddle.algorithms.task_library import saved_task_library
 from waddle.cli.evaluate import checkpoint_path
+from waddle.modules.task_embedding import reads_task_id
 
 INPUT_NAME = "observation"
+TASK_INPUT_NAME = "task_id"
 OUTPUT_NAME = "action"
 
 
@@ -34,38 +45,80 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def export_onnx(policy: torch.nn.Module, observation_dim: int, path: str | Path) -> None:
-    """Write ``policy`` (``[1, observation_dim] -> [1, action_dim]``) to ``path`` atomically."""
+def policy_metadata(task_names: Sequence[str], policy: torch.nn.Module) -> dict[str, str]:
+    """What a runtime needs to know beside the graph, as ``metadata_props`` strings.
+
+    ``inputs`` lists the graph's input names in order; ``task_names`` is the
+    JSON list of the library's task names, index = task id (present when the
+    policy reads the task id). A deployment sidecar file, when one is written,
+    should carry these same entries.
+    """
+    inputs = [INPUT_NAME, TASK_INPUT_NAME] if reads_task_id(policy) else [INPUT_NAME]
+    metadata = {"inputs": json.dumps(inputs)}
+    if reads_task_id(policy):
+        metadata["task_names"] = json.dumps(list(task_names))
+    return metadata
+
+
+def export_onnx(
+    policy: torch.nn.Module, observation_dim: int, path: str | Path, *, metadata: Mapping[str, str] | None = None
+) -> None:
+    """Write ``policy`` to ``path`` atomically: ``[1, observation_dim] -> [1, action_dim]``, with a
+    second input ``task_id`` ``[1, 1]`` int64 when the policy reads the task id.
+
+    ``metadata`` goes into the model's ``metadata_props``.
+    """
     import io
     import warnings
 
+    inputs: tuple[torch.Tensor, ...] = (torch.zeros(1, observation_dim),)
+    names = [INPUT_NAME]
+    if reads_task_id(policy):
+        inputs += (torch.zeros(1, 1, dtype=torch.long),)
+        names.append(TASK_INPUT_NAME)
     buffer = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
         torch.onnx.export(
             policy.eval(),
-            (torch.zeros(1, observation_dim),),
+            inputs,
             buffer,
-            input_names=[INPUT_NAME],
+            input_names=names,
             output_names=[OUTPUT_NAME],
             dynamo=False,
             opset_version=17,
         )
-    atomic_write(path, lambda file: file.write(buffer.getvalue()))
+    data = buffer.getvalue()
+    if metadata:
+        import onnx
+
+        model = onnx.load_from_string(data)
+        onnx.helper.set_model_props(model, dict(metadata))
+        data = model.SerializeToString()
+    atomic_write(path, lambda file: file.write(data))
 
 
-def onnx_parity(policy: torch.nn.Module, path: str | Path, observations: torch.Tensor) -> float:
-    """Largest ``|onnxruntime(path)(obs) - policy(obs)|`` over the rows of ``observations``, one at a time."""
+def onnx_parity(
+    policy: torch.nn.Module, path: str | Path, observations: torch.Tensor, task_ids: torch.Tensor | None = None
+) -> float:
+    """Largest ``|onnxruntime(path)(obs[, task_id]) - policy(obs[, task_id])|`` over the rows of
+    ``observations`` (and ``task_ids``, one id per row), one at a time."""
     import numpy as np
     import onnxruntime
 
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     worst = 0.0
     with torch.no_grad():
-        for row in observations:
+        for index, row in enumerate(observations):
             row = row.reshape(1, -1).float()
-            (onnx_action,) = session.run([OUTPUT_NAME], {INPUT_NAME: row.numpy()})
-            worst = max(worst, float(np.abs(onnx_action - policy(row).numpy()).max()))
+            feed = {INPUT_NAME: row.numpy()}
+            args: tuple[torch.Tensor, ...] = (row,)
+            if task_ids is not None:
+                task = task_ids[index].reshape(1, 1).long()
+                feed[TASK_INPUT_NAME] = task.numpy()
+                args += (task,)
+            (onnx_action,) = session.run([OUTPUT_NAME], feed)
+            worst = max(worst, float(np.abs(onnx_action - policy(*args).numpy()).max()))
     return worst
 
 
@@ -99,16 +152,36 @@ def run(args: argparse.Namespace) -> int:
         return 1
     observation_dim = env.observation_spec["observation"].shape[-1]
     action_dim = env.action_spec.shape[-1]
+    task_names = _task_names(checkpoint, env)
     env.close()
     policy = policy.cpu()
 
-    export_onnx(policy, observation_dim, args.onnx)
-    worst = onnx_parity(policy, args.onnx, random_observations(policy, observation_dim, args.samples))
+    export_onnx(policy, observation_dim, args.onnx, metadata=policy_metadata(task_names, policy))
+    observations = random_observations(policy, observation_dim, args.samples)
+    task_ids = None
+    if reads_task_id(policy):  # every task's row is exercised: ids cycle through the library
+        task_ids = torch.arange(args.samples) % len(task_names)
+    worst = onnx_parity(policy, args.onnx, observations, task_ids)
     if not worst <= args.atol:
         message = f"{args.onnx} differs from the torch policy by {worst:.3g} > --atol {args.atol}"
         print(f"waddle export: error: {message}", file=sys.stderr)
         return 1
     shapes = f"{INPUT_NAME} [1, {observation_dim}] -> {OUTPUT_NAME} [1, {action_dim}]"
+    if task_ids is not None:
+        shapes = (
+            f"{INPUT_NAME} [1, {observation_dim}], {TASK_INPUT_NAME} [1, 1] int64 -> {OUTPUT_NAME} [1, {action_dim}]"
+        )
     print(f"wrote {args.onnx}: {shapes}, normaliser included")
-    print(f"parity: max |onnx - torch| = {worst:.2e} over {args.samples} random observations")
+    if task_ids is not None:
+        print("task ids: " + ", ".join(f"{index} {name}" for index, name in enumerate(task_names)))
+    what = "random observations" + (" and task ids" if task_ids is not None else "")
+    print(f"parity: max |onnx - torch| = {worst:.2e} over {args.samples} {what}")
     return 0
+
+
+def _task_names(checkpoint: Mapping[str, Any], env: Any) -> list[str]:
+    """The library the checkpoint recorded, else (an older checkpoint) the env's."""
+    from waddle.algorithms.task_library import task_library
+
+    saved = saved_task_library(checkpoint["trainer"])
+    return saved if saved is not None else list(task_library(env))

@@ -5,6 +5,11 @@ settings from :class:`~waddle.algorithms.runner.TrainConfig`, the algorithm's
 hyperparameters from ``PPOConfig``, ``SHACConfig`` or ``APGConfig``. A flag
 left out keeps the config default (or, with ``--resume``, the checkpoint's
 value).
+
+``--init-from CHECKPOINT`` starts a new run (its own ``--task`` library and
+``--out``) from another run's weights and observation statistics, with a fresh
+optimiser (see :mod:`waddle.algorithms.init_from`); the algorithm and the
+network-shaping flags left out are the source's.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from waddle.algorithms.checkpoint import CheckpointError, check_compatible, load_checkpoint
+from waddle.algorithms.init_from import InitFromError, check_network_config, inherited_fields, load_weights
 from waddle.algorithms.loggers import LOGGERS, make_logger, require_package
 from waddle.algorithms.presets import (
     ALGORITHMS,
@@ -171,6 +177,12 @@ def _algorithm_configs() -> dict[str, type]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=f"output directory (default {DEFAULT_OUT})")
     parser.add_argument("--resume", action="store_true", help="continue the run in --out up to --total-steps")
+    parser.add_argument(
+        "--init-from",
+        metavar="CHECKPOINT",
+        help="start a new run from this checkpoint's weights and observation statistics (fresh optimiser); "
+        "the task embedding is extended to this run's tasks by name",
+    )
     parser.add_argument("--device", default="cpu", help="torch device of the networks and the env")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="hide the progress bar")
     add_config_arguments(parser, {"run": TrainConfig}, title="run")
@@ -192,17 +204,49 @@ def _given(args: argparse.Namespace, names: Iterable[str]) -> dict[str, Any]:
     return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
 
 
+def init_source(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The checkpoint ``--init-from`` names, loaded and checked (``None`` without the flag).
+
+    Raises:
+        CheckpointError: it cannot be read or has no run/algorithm config.
+    """
+    path = getattr(args, "init_from", None)
+    if path is None:
+        return None
+    source = load_checkpoint(_checkpoint_file(path))
+    saved = source["config"]
+    if not isinstance(saved, dict) or "algorithm" not in saved:
+        raise CheckpointError(f"--init-from {path}: the checkpoint has no algorithm config.")
+    return source
+
+
+def _checkpoint_file(path: str | Path) -> Path:
+    path = Path(path)
+    return path / CHECKPOINT_FILE if path.is_dir() else path
+
+
 def resolve_config(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """The run's config ``{"run": ..., "algorithm": ...}`` and, with ``--resume``, the checkpoint.
+
+    With ``--init-from`` the config also holds ``"init_from"``: the source's
+    path, algorithm, task library and env steps (a record; a resumed run keeps it).
 
     Raises:
         CheckpointError: the checkpoint cannot be used, or the flags differ from it
             in a field a resumed run cannot change.
-        ValueError: a flag does not apply to the chosen algorithm, or a value is invalid.
+        InitFromError: the ``--init-from`` source's networks differ from this run's.
+        ValueError: a flag does not apply to the chosen algorithm, a value is invalid,
+            or ``--resume`` and ``--init-from`` are both given.
     """
     out = Path(args.out)
     run_flags = _given(args, [field.name for field in dataclasses.fields(TrainConfig)])
     algorithm_flags = _given(args, getattr(args, "algorithm_fields", {}))
+    if args.resume and getattr(args, "init_from", None) is not None:
+        raise ValueError(
+            "--resume continues the run in --out and --init-from starts a new one from another run's weights; "
+            "pass one of them."
+        )
+    source = init_source(args)
     checkpoint = None
     if args.resume:
         checkpoint = load_checkpoint(out / CHECKPOINT_FILE)
@@ -220,8 +264,10 @@ def resolve_config(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, 
         task = run_flags.get("task", TrainConfig.task)
         if "total_steps" not in run_flags and task in TASK_TOTAL_STEPS:
             run_flags["total_steps"] = TASK_TOTAL_STEPS[task]
+        if source is not None:
+            run_flags.setdefault("algo", source["algo"])
         run = TrainConfig(**run_flags)
-        base = {}
+        base = inherited_fields(source) if source is not None and source["algo"] == run.algo else {}
     fields = {field.name for field in dataclasses.fields(ALGORITHMS[run.algo].classes()[1])}
     foreign = sorted(set(algorithm_flags) - fields)
     if foreign:
@@ -229,7 +275,17 @@ def resolve_config(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, 
     algorithm = make_config(run.algo, {**base, **algorithm_flags})
     config = {"run": asdict(run), "algorithm": _jsonable(asdict(algorithm))}
     if checkpoint is not None:
+        if "init_from" in checkpoint["config"]:
+            config["init_from"] = checkpoint["config"]["init_from"]
         check_compatible(checkpoint["config"], config, ignore=RESUMABLE_FIELDS)
+    if source is not None:
+        check_network_config(source, run.algo, config["algorithm"], path=args.init_from)
+        config["init_from"] = {
+            "checkpoint": str(args.init_from),
+            "algo": source["algo"],
+            "task_library": source["trainer"].get("task_library"),
+            "env_steps": int(source["env_steps"]),
+        }
     return config, checkpoint
 
 
@@ -246,6 +302,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         config, checkpoint = resolve_config(args)
+        source = init_source(args) if checkpoint is None else None
     except (CheckpointError, ValueError, TypeError) as err:  # TypeError: a config field this version lacks
         return _error(str(err).splitlines()[0])
     run_config = TrainConfig(**config["run"])
@@ -283,6 +340,13 @@ def run(args: argparse.Namespace) -> int:
         return _error(str(err).splitlines()[0])
     algo_config = make_config(run_config.algo, config["algorithm"])
     trainer = make_trainer(run_config.algo, env, algo_config, args.device)
+    if source is not None:
+        try:
+            report = load_weights(trainer, run_config.algo, source, path=args.init_from)
+        except InitFromError as err:
+            env.close()
+            return _error(str(err))
+        print(f"initialised from {args.init_from}: {report.summary()}")
     logger = make_logger(run_config.logger, out, config=config)
     runner = Runner(
         trainer,

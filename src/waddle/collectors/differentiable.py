@@ -256,7 +256,9 @@ class DifferentiableCollector:
         policy: a TensorDict module reading the flat observation ``[N, F]``
             under ``"observation"`` (whatever the env calls its entries) and
             writing ``"action"`` ``[N, *action_shape]`` (a ``ProbabilisticActor``
-            samples with ``rsample`` unless ``deterministic=True``).
+            samples with ``rsample`` unless ``deterministic=True``). Its other
+            in-keys (a task-conditioned policy's ``"task_id"``) are read from
+            the env's current TensorDict, flattened to ``N`` envs.
         device: device of the collected tensors and statistics.
 
     Keyword Args:
@@ -316,6 +318,7 @@ class DifferentiableCollector:
         self.observation_normalizer = observation_normalizer
         self.clip_actions_to_space = bool(clip_actions_to_space)
         self.action_adjoint_max_norm = float(action_adjoint_max_norm)
+        self._extra_in_keys = [key for key in getattr(policy, "in_keys", ()) if key != "observation"]
         self._root: TensorDictBase | None = None
         self._action_low: torch.Tensor | None = None
         self._action_high: torch.Tensor | None = None
@@ -404,14 +407,10 @@ class DifferentiableCollector:
         transitions = []
         for _ in range(num_steps):
             observation = self._observation()
+            inputs = {"observation": self._normalize(observation)}
+            inputs.update({key: self._flat_entry(key) for key in self._extra_in_keys})
             with set_exploration_type(exploration):
-                policy_output = self.policy(
-                    TensorDict(
-                        {"observation": self._normalize(observation)},
-                        batch_size=[self.num_envs],
-                        device=self.device,
-                    )
-                )
+                policy_output = self.policy(TensorDict(inputs, batch_size=[self.num_envs], device=self.device))
             action = self._postprocess_action(policy_output["action"], stats)
             policy_output.set("action", action)
 
@@ -444,6 +443,11 @@ class DifferentiableCollector:
         return DifferentiableRollout(initial_observation, tuple(transitions), stats)
 
     # -- helpers -------------------------------------------------------------
+
+    def _flat_entry(self, key: NestedKey) -> torch.Tensor:
+        """An entry of the env's current TensorDict with its batch dims flattened to ``N``."""
+        value = self._root.get(key)
+        return value.reshape(self.num_envs, *value.shape[len(self.env.batch_size) :]).to(self.device)
 
     def _observation(self) -> torch.Tensor:
         assert self._root is not None

@@ -9,6 +9,12 @@ usual choice for locomotion PPO). Samples are *not* squashed: the MicroDuck env
 clips actions to ``[-1, 1]`` itself, which keeps the log-probability and the
 entropy exact and cheap, and the deterministic policy clamps its mean the same
 way.
+
+With a library of several tasks (``num_tasks > 1`` and ``task_embedding_dim >
+0``) each network also reads ``"task_id"``: its own embedding row for the task
+is appended to the normalised observation (see
+:mod:`waddle.modules.task_embedding`). With one task they read the
+observation only and their parameters are what they always were.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from torchrl.modules import IndependentNormal, ProbabilisticActor, ValueOperator
 
 from waddle.modules.mlp import mlp
 from waddle.modules.normalizer import RunningNormalizer
+from waddle.modules.task_embedding import TASK_ID_KEY, append_task_embedding, conditioned
 
 OBSERVATION_KEY = "observation"
 """The entry of the env's TensorDict both networks read."""
@@ -40,6 +47,9 @@ class GaussianPolicy(nn.Module):
         hidden_sizes: widths of the hidden layers.
         init_std: initial standard deviation of every action entry.
         activation: hidden activation class.
+        num_tasks: size of the env's task library.
+        task_embedding_dim: width of the task embedding read when
+            ``num_tasks > 1`` (0: never read the task id).
 
     Example:
         >>> policy = GaussianPolicy(RunningNormalizer(3), 2, (16,), init_std=0.5)
@@ -56,20 +66,38 @@ class GaussianPolicy(nn.Module):
         *,
         init_std: float = 0.5,
         activation: type[nn.Module] = nn.ELU,
+        num_tasks: int = 1,
+        task_embedding_dim: int = 0,
     ) -> None:
         super().__init__()
         if init_std <= 0:
             raise ValueError(f"init_std must be > 0, got {init_std}.")
         (observation_dim,) = normalizer.shape
+        embedding_dim = task_embedding_dim if conditioned(num_tasks, task_embedding_dim) else 0
         self.normalizer = normalizer
-        self.net = mlp(observation_dim, hidden_sizes, action_dim, activation=activation)
+        self.net = mlp(observation_dim + embedding_dim, hidden_sizes, action_dim, activation=activation)
         # A small last layer starts the policy near the STAND pose (action 0).
         nn.init.uniform_(self.net[-1].weight, -1e-2, 1e-2)
         nn.init.zeros_(self.net[-1].bias)
         self.log_std = nn.Parameter(torch.full((action_dim,), math.log(init_std)))
+        # Made last, so a one-task policy draws the same initial weights as before conditioning existed.
+        self.task_embedding = nn.Embedding(num_tasks, embedding_dim) if embedding_dim else None
 
-    def forward(self, observation: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        loc = self.net(self.normalizer(observation))
+    @property
+    def reads_task_id(self) -> bool:
+        return self.task_embedding is not None
+
+    def features(self, observation: torch.Tensor, task_id: torch.Tensor | None = None) -> torch.Tensor:
+        """What the MLP reads: the normalised observation, and the task's embedding row when conditioned."""
+        features = self.normalizer(observation)
+        if self.task_embedding is None:
+            return features
+        return append_task_embedding(features, self.task_embedding, task_id)
+
+    def forward(
+        self, observation: torch.Tensor, task_id: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        loc = self.net(self.features(observation, task_id))
         scale = self.log_std.clamp(*LOG_STD_BOUNDS).exp().expand_as(loc)
         return loc, scale
 
@@ -81,25 +109,44 @@ class ValueNetwork(nn.Module):
         normalizer: the observation normaliser applied first (shared with the actor).
         hidden_sizes: widths of the hidden layers.
         activation: hidden activation class.
+        num_tasks: size of the env's task library.
+        task_embedding_dim: width of the critic's own task embedding, read
+            when ``num_tasks > 1`` (0: never read the task id).
     """
 
     def __init__(
-        self, normalizer: RunningNormalizer, hidden_sizes: Sequence[int], *, activation: type[nn.Module] = nn.ELU
+        self,
+        normalizer: RunningNormalizer,
+        hidden_sizes: Sequence[int],
+        *,
+        activation: type[nn.Module] = nn.ELU,
+        num_tasks: int = 1,
+        task_embedding_dim: int = 0,
     ) -> None:
         super().__init__()
         (observation_dim,) = normalizer.shape
+        embedding_dim = task_embedding_dim if conditioned(num_tasks, task_embedding_dim) else 0
         self.normalizer = normalizer
-        self.net = mlp(observation_dim, hidden_sizes, 1, activation=activation)
+        self.net = mlp(observation_dim + embedding_dim, hidden_sizes, 1, activation=activation)
+        self.task_embedding = nn.Embedding(num_tasks, embedding_dim) if embedding_dim else None
 
-    def forward(self, observation: torch.Tensor) -> torch.Tensor:
-        return self.net(self.normalizer(observation))
+    @property
+    def reads_task_id(self) -> bool:
+        return self.task_embedding is not None
+
+    def forward(self, observation: torch.Tensor, task_id: torch.Tensor | None = None) -> torch.Tensor:
+        features = self.normalizer(observation)
+        if self.task_embedding is not None:
+            features = append_task_embedding(features, self.task_embedding, task_id)
+        return self.net(features)
 
 
 class PolicyMean(nn.Module):
     """The deterministic policy ``observation -> clamp(mean, low, high)``, normaliser included.
 
     This is what ``waddle eval`` runs and ``waddle export`` writes to ONNX: one
-    plain tensor-in, tensor-out module with no TensorDict and no sampling.
+    plain tensor-in, tensor-out module with no TensorDict and no sampling. A
+    task-conditioned policy (``reads_task_id``) takes ``(observation, task_id)``.
 
     Args:
         policy: the Gaussian policy whose mean is used.
@@ -118,19 +165,29 @@ class PolicyMean(nn.Module):
         self.low = float(low)
         self.high = float(high)
 
-    def forward(self, observation: torch.Tensor) -> torch.Tensor:
-        loc = self.policy.net(self.policy.normalizer(observation))
+    @property
+    def reads_task_id(self) -> bool:
+        return self.policy.reads_task_id
+
+    def forward(self, observation: torch.Tensor, task_id: torch.Tensor | None = None) -> torch.Tensor:
+        loc = self.policy.net(self.policy.features(observation, task_id))
         return loc.clamp(self.low, self.high)
 
 
+def network_in_keys(network: GaussianPolicy | ValueNetwork) -> list[str]:
+    """``["observation"]``, and ``"task_id"`` after it when ``network`` is task-conditioned."""
+    return [OBSERVATION_KEY, TASK_ID_KEY] if network.reads_task_id else [OBSERVATION_KEY]
+
+
 def make_actor(policy: GaussianPolicy) -> ProbabilisticActor:
-    """Wrap ``policy`` as a TorchRL actor reading ``"observation"`` and writing
-    ``"loc"``, ``"scale"``, a sampled ``"action"`` and its log-probability.
+    """Wrap ``policy`` as a TorchRL actor reading ``"observation"`` (and ``"task_id"``
+    when conditioned) and writing ``"loc"``, ``"scale"``, a sampled ``"action"`` and its
+    log-probability.
 
     The actor samples unless an exploration context (``set_exploration_type``)
     says otherwise; for the deterministic policy use :class:`PolicyMean`.
     """
-    module = TensorDictModule(policy, in_keys=[OBSERVATION_KEY], out_keys=["loc", "scale"])
+    module = TensorDictModule(policy, in_keys=network_in_keys(policy), out_keys=["loc", "scale"])
     return ProbabilisticActor(
         module,
         in_keys=["loc", "scale"],
@@ -141,5 +198,6 @@ def make_actor(policy: GaussianPolicy) -> ProbabilisticActor:
 
 
 def make_critic(value: ValueNetwork) -> ValueOperator:
-    """Wrap ``value`` as a TorchRL value operator reading ``"observation"`` and writing ``"state_value"``."""
-    return ValueOperator(value, in_keys=[OBSERVATION_KEY])
+    """Wrap ``value`` as a TorchRL value operator reading ``"observation"`` (and ``"task_id"``
+    when conditioned) and writing ``"state_value"``."""
+    return ValueOperator(value, in_keys=network_in_keys(value))

@@ -271,6 +271,15 @@ class MicroDuckEnv(MujocoEnv):
         """A ``(num_envs, 2)`` tensor of the left/right foot site heights."""
         return self.physics.site_positions()[..., 2].to(self.dtype)
 
+    def base_height(self) -> torch.Tensor:
+        """A ``(num_envs,)`` tensor of trunk (free-joint) heights in metres."""
+        return self.physics.qpos[:, 2].to(self.dtype)
+
+    @property
+    def standing_height(self) -> float:
+        """Trunk height of the STAND keyframe, metres: what hop heights are measured from."""
+        return self._standing_height
+
     def heading(self) -> torch.Tensor:
         """A ``(num_envs,)`` tensor of trunk yaw angles in radians, in ``(-pi, pi]``."""
         return heading(self.physics.qpos[:, 3:7].to(self.dtype))
