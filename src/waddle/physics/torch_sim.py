@@ -242,6 +242,14 @@ class MujocoTorchBackend(PhysicsBackend):
             else:
                 self._data = _merge_rows(self._data, fresh, idx)
 
+    def set_qvel(self, qvel: torch.Tensor, mask: torch.Tensor | None = None) -> None:
+        qvel = self._input(qvel, (self.num_envs, self.nv), "qvel")
+        if mask is None:
+            mask = torch.ones(self.num_envs, dtype=torch.bool, device=self.device)
+        mask = torch.as_tensor(mask, device=self.device).reshape(-1, 1).to(torch.bool)
+        with self._mode():
+            self._data = self._data.replace(qvel=torch.where(mask, qvel, self._data.qvel))
+
     def step(self, ctrl: torch.Tensor) -> None:
         ctrl = self._input(ctrl, (self.num_envs, self.nu), "ctrl")
         with self._mode():
