@@ -52,6 +52,11 @@ about what does not:
   object has no attribute '_data'``). ``compile_step=True`` turns that into a
   :class:`RuntimeError` naming the alternatives on the first step; the eager
   path (the default) works.
+* **One model for every env.** Per-env model parameters
+  (:meth:`~waddle.physics.base.PhysicsBackend.set_model_fields`, which domain
+  randomization of friction, masses or servo constants needs) are refused
+  with the alternatives named; :meth:`MujocoTorchBackend.set_qvel` (pushes)
+  works.
 * ``differentiable_mode`` (smooth collisions, contacts from distance,
   adaptive integration; ``diff_config=mujoco_torch.DiffConfig(...)``) is
   applied to every substep when given; by default MuJoCo's hard contacts are
