@@ -138,6 +138,7 @@ class NativeBackend(PhysicsBackend):
             # derived from the nominal masses; without the shortcut they come from the per-env ones.
             template.dof_simplenum[:] = 0
             self._models = [copy.copy(template) for _ in range(self.num_envs)]
+            self._ctrl_substeps = np.zeros((self.num_envs, self.frame_skip, self.model.nu))
         return self._models
 
     def set_model_fields(self, fields: Mapping[str, torch.Tensor], mask: torch.Tensor | None = None) -> None:
@@ -193,16 +194,33 @@ class NativeBackend(PhysicsBackend):
     def step(self, ctrl: torch.Tensor) -> None:
         self._ctrl[:, 0, :] = ctrl.detach().cpu().numpy()
         start_time = self._state[:, 0].copy()
-        self._pool.rollout(
-            self.model if self._models is None else self._models,
-            self._scratch,
-            self._state,
-            self._ctrl,
-            control_spec=_CTRL,
-            nstep=self.frame_skip,
-            state=self._trajectory,
-            sensordata=self._sensor_trajectory,
-        )
+        if self._models is None:
+            self._pool.rollout(
+                self.model,
+                self._scratch,
+                self._state,
+                self._ctrl,
+                control_spec=_CTRL,
+                nstep=self.frame_skip,
+                state=self._trajectory,
+                sensordata=self._sensor_trajectory,
+            )
+        else:
+            # The wrapper's checks walk the model list in Python on every call; the per-env
+            # models share one size signature by construction, so go straight to C with
+            # arrays of exactly the shapes it expects (controls tiled over the substeps).
+            self._ctrl_substeps[:] = self._ctrl
+            self._pool.rollout(
+                self._models,
+                self._scratch,
+                self._state,
+                self._ctrl_substeps,
+                control_spec=_CTRL,
+                skip_checks=True,
+                nstep=self.frame_skip,
+                state=self._trajectory,
+                sensordata=self._sensor_trajectory,
+            )
         self._state[:] = self._trajectory[:, -1]
         self._sensors[:] = self._sensor_trajectory[:, -1]
         expected = start_time + self.frame_skip * self.model.opt.timestep
