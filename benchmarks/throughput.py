@@ -10,9 +10,13 @@ In one run, on the same embedded MicroDuck model and machine:
 * the MuJoCo C limit: the same instrumented model stepped by ``mujoco.rollout``
   with the same threads and substeps, no Python env in between;
 * TorchRL's own ``torchrl.envs.MicroDuckEnv(scene, backend="mujoco")`` on the
-  same scene file.
+  same scene file;
+* the cost of domain randomization: the native env at 256 envs with
+  ``randomization="upstream"`` (per-env models, encoder bias, IMU tilt, pushes,
+  delays, noise) against ``"none"``, measured alternately in the same process.
 
-Usage: ``python benchmarks/throughput.py [--sizes 1 16 256 1024] [--steps 100]``
+Usage: ``python benchmarks/throughput.py [--sizes 1 16 256 1024] [--steps 100]``;
+``--randomization-only`` runs the last comparison alone.
 """
 
 from __future__ import annotations
@@ -90,6 +94,40 @@ def torchrl_rate(num_envs: int, steps: int, parallel: bool) -> float:
     return rate
 
 
+def randomization_rates(num_envs: int, steps: int, threads: int, repeats: int) -> dict[str, float]:
+    """Env steps per second with ``randomization="none"`` and ``"upstream"``, best of ``repeats`` each.
+
+    The two envs take turns, so a burst of load from other processes hits
+    both; on a busy machine the best run is the least disturbed one.
+    """
+    envs = {
+        name: MicroDuckEnv(num_envs=num_envs, seed=0, num_threads=threads, randomization=name)
+        for name in ("none", "upstream")
+    }
+    best = dict.fromkeys(envs, 0.0)
+    for env in envs.values():
+        env.rollout(5, break_when_any_done=False)  # warm-up
+    for _ in range(repeats):
+        for name, env in envs.items():
+            start = time.perf_counter()
+            env.rollout(steps, break_when_any_done=False)
+            best[name] = max(best[name], num_envs * steps / (time.perf_counter() - start))
+    for env in envs.values():
+        env.close()
+    return best
+
+
+def print_randomization_cost(num_envs: int, steps: int, threads: int, repeats: int) -> None:
+    rates = randomization_rates(num_envs, steps, threads, repeats)
+    load = ", ".join(f"{value:.2f}" for value in os.getloadavg())
+    print(
+        f"randomization at {num_envs} envs (best of {repeats} x {steps} steps): "
+        f"none {rates['none']:,.0f} steps/s, upstream {rates['upstream']:,.0f} steps/s, "
+        f"upstream / none = {rates['upstream'] / rates['none']:.2f}; load average {load}",
+        flush=True,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 16, 256, 1024])
@@ -105,8 +143,16 @@ def main() -> None:
         "average to 238 and never finished) or in one process (SerialEnv)",
     )
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument(
+        "--randomization-envs", type=int, default=256, help="batch size of the randomization comparison (0: skip)"
+    )
+    parser.add_argument("--randomization-repeats", type=int, default=3)
+    parser.add_argument("--randomization-only", action="store_true", help="run the randomization comparison alone")
     args = parser.parse_args()
     torch.set_num_threads(1)  # the physics threads, not torch's, do the work
+    if args.randomization_only:
+        print_randomization_cost(args.randomization_envs, args.steps, args.threads, args.randomization_repeats)
+        return
 
     print(f"MicroDuck scene: {MicroDuckEnv.resolve_scene()}; {args.threads} threads")
     print(
@@ -123,6 +169,9 @@ def main() -> None:
             f"{size:>6} {ours:>11,.0f} {bare:>13,.0f} {limit:>9,.0f} {ours / limit:>8.2f} {ours / bare:>11.2f}",
             flush=True,
         )
+
+    if args.randomization_envs:
+        print_randomization_cost(args.randomization_envs, args.steps, args.threads, args.randomization_repeats)
 
     parallel = args.torchrl_parallel
     if parallel is None:

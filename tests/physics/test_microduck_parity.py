@@ -13,7 +13,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from waddle.envs.microduck import MicroDuckEnv
+from waddle.envs.microduck import MicroDuckEnv, MicroDuckRandomization
 
 pytest.importorskip("jax", reason="the mjx extra is part of the test install: pip install -e '.[all,dev]'")
 
@@ -37,3 +37,32 @@ def test_native_and_mjx_agree_over_twenty_control_steps():
     assert (native[-1] - native[0]).abs().max() > 1e-2  # the robot moved
     torch.testing.assert_close(mjx, native, atol=1e-4, rtol=0)
     assert torch.equal(mjx_contacts, native_contacts)
+
+
+def test_native_and_mjx_agree_under_upstream_randomization():
+    # Same seed, same draws: every env runs its own friction, masses and servo constants on both
+    # backends (per-env MjModels against batched mjx.Model fields), with pushes and delays.
+    config = MicroDuckRandomization.preset("upstream", push_interval=(0.1, 0.2))
+    actions = 0.3 * (2 * torch.rand(15, 2, 14, generator=torch.Generator().manual_seed(1), dtype=torch.float64) - 1)
+    trajectories = {}
+    for backend in ("mujoco", "mjx"):
+        env = MicroDuckEnv(
+            num_envs=2,
+            backend=backend,
+            seed=0,
+            dtype=torch.float64,
+            tasks=MicroDuckEnv.standing_task(),
+            randomization=config,
+        )
+        td = env.reset()
+        states = []
+        for action in actions:
+            td["action"] = action
+            td = env.step(td)["next"]
+            states.append(torch.cat([env.get_state()["qpos"], td["sensor_observation"]], -1).clone())
+        trajectories[backend] = (torch.stack(states), td["randomization"].clone())
+        env.close()
+    (native, native_values), (mjx, mjx_values) = trajectories["mujoco"], trajectories["mjx"]
+    assert (native_values == mjx_values).all()
+    assert not torch.equal(native_values["friction"][0], native_values["friction"][1])
+    torch.testing.assert_close(mjx, native, atol=1e-4, rtol=0)

@@ -19,12 +19,19 @@ Semantics shared by all backends:
   state, or one MuJoCo would refuse): the envs end such an env's episode
   and reset it, and the rest of the batch carries on. Resetting an env
   clears its flag.
+
+Two optional abilities serve domain randomization: :meth:`set_model_fields`
+gives each env its own values of some model fields (friction, masses, servo
+constants), and :meth:`set_qvel` changes velocities mid-episode (pushes)
+without restarting the envs' clocks. A backend that cannot do them says so in
+:attr:`PhysicsBackend.per_env_models` and raises a
+:class:`NotImplementedError` that names alternatives.
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
 import mujoco
@@ -153,6 +160,44 @@ class PhysicsBackend(abc.ABC):
     @abc.abstractmethod
     def contacts(self) -> torch.Tensor:
         """``(num_envs, len(contact_geom_names))`` bool: the tracked geom touches something."""
+
+    @property
+    def per_env_models(self) -> bool:
+        """Whether :meth:`set_model_fields` can give each env its own model parameters."""
+        return False
+
+    def set_model_fields(self, fields: Mapping[str, torch.Tensor], mask: torch.Tensor | None = None) -> None:
+        """Give each env its own values of the named ``MjModel`` fields.
+
+        Args:
+            fields: field name (an ``MjModel`` attribute, such as
+                ``"geom_friction"``) to a ``(num_envs, *shape)`` tensor holding
+                each env's whole copy of that field.
+            mask: ``(num_envs,)`` bool; only these envs' fields change (all
+                when ``None``). Call it before :meth:`reset` of the same envs,
+                so the reset's forward pass already sees the new model.
+
+        Constants MuJoCo derives from the fields at compile time keep their
+        nominal values on every backend: ``body_invweight0`` and
+        ``dof_invweight0`` (which scale the constraint regularization), and
+        ``body_subtreemass`` unless it is set too. The mass matrix always comes
+        from the per-env masses and inertias (the native backend turns off
+        MuJoCo's precomputed ``dof_M0`` shortcut for 'simple' bodies).
+        """
+        raise NotImplementedError(
+            f"The {self.name!r} backend cannot give envs their own model parameters; "
+            "use backend='mujoco' (CPU) or backend='mjx' with requires_grad=False."
+        )
+
+    def set_qvel(self, qvel: torch.Tensor, mask: torch.Tensor | None = None) -> None:
+        """Replace the velocities ``(num_envs, nv)`` of the envs where ``mask`` is true.
+
+        Unlike :meth:`reset`, positions, clocks and the solver's carry are kept:
+        this is a push in the middle of an episode.
+        """
+        raise NotImplementedError(
+            f"The {self.name!r} backend cannot change velocities mid-episode; use backend='mujoco' or backend='mjx'."
+        )
 
     def detach(self) -> None:  # noqa: B027 - a no-op for backends without an autograd history
         """Cut the autograd history of the state (a truncated-BPTT boundary)."""

@@ -44,6 +44,12 @@ flag is true when a candidate involving it has ``dist < includemargin``, which
 is the set of contacts that enter MuJoCo's constraint solver (the same as
 MuJoCo C's contact list whenever ``gap`` is 0, MuJoCo's default).
 
+Per-env model parameters (:meth:`MjxBackend.set_model_fields`): the named
+fields of the ``mjx.Model`` get a leading batch axis and the step vmaps over
+it (``in_axes`` 0 for those fields, ``None`` for the rest), so every env runs
+with its own friction, masses and servo constants in the same compiled
+program. The differentiable path (``requires_grad=True``) keeps one model.
+
 Tensors returned by the state accessors share memory with the JAX state
 (zero-copy DLPack); treat them as read-only.
 """
@@ -53,6 +59,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import io
+from collections.abc import Mapping
 
 import mujoco
 import numpy as np
@@ -152,6 +159,7 @@ class MjxBackend(PhysicsBackend):
             self._build_functions()
 
         self._outputs: dict[str, torch.Tensor] = {}
+        self._batched_fields: dict = {}
         self._data = None
         qpos0 = torch.as_tensor(self.model.qpos0, dtype=self.dtype, device=self.device)
         qpos0 = qpos0.expand(self.num_envs, self.nq)
@@ -184,6 +192,11 @@ class MjxBackend(PhysicsBackend):
         site_ids = self._site_ids
         geom_ids = self._geom_ids
         d0 = self._d0
+        nominal = self._mx
+
+        def axes(m):
+            # A field set per env carries one more (leading) axis than the nominal model's.
+            return jax.tree_util.tree_map(lambda a, b: 0 if np.ndim(a) > np.ndim(b) else None, m, nominal)
 
         def fresh(m, qpos, qvel):
             d = d0.replace(qpos=qpos, qvel=qvel)
@@ -208,7 +221,7 @@ class MjxBackend(PhysicsBackend):
             )
 
         def reset(m, d, qpos, qvel, mask):
-            new = jax.vmap(fresh, in_axes=(None, 0, 0))(m, qpos, qvel)
+            new = jax.vmap(fresh, in_axes=(axes(m), 0, 0))(m, qpos, qvel)
 
             def pick(a, b):
                 return jnp.where(mask.reshape((-1,) + (1,) * (a.ndim - 1)), a, b)
@@ -217,7 +230,7 @@ class MjxBackend(PhysicsBackend):
             return d, jax.vmap(readout)(d)
 
         def step(m, d, ctrl):
-            d = jax.vmap(substeps, in_axes=(None, 0, 0))(m, d, ctrl)
+            d = jax.vmap(substeps, in_axes=(axes(m), 0, 0))(m, d, ctrl)
             return d, jax.vmap(readout)(d)
 
         options = self._compiler_options or None
@@ -296,9 +309,51 @@ class MjxBackend(PhysicsBackend):
             return
         with self._jax_scope():
             self._data, out = self._jit_reset(
-                self._mx, self._data, torch_to_jax(qpos), torch_to_jax(qvel), torch_to_jax(mask)
+                self._model(), self._data, torch_to_jax(qpos), torch_to_jax(qvel), torch_to_jax(mask)
             )
         self._outputs = dict(zip(_OUTPUTS, out))
+
+    def _model(self):
+        """The model the step runs: the nominal one, with the per-env fields batched in."""
+        return self._mx.replace(**self._batched_fields) if self._batched_fields else self._mx
+
+    @property
+    def per_env_models(self) -> bool:
+        return not self.requires_grad
+
+    def set_model_fields(self, fields: Mapping[str, torch.Tensor], mask: torch.Tensor | None = None) -> None:
+        if self.requires_grad:
+            raise NotImplementedError(
+                "backend='mjx' with requires_grad=True steps one model for every env; per-env model "
+                "parameters need requires_grad=False, or backend='mujoco' on a CPU."
+            )
+        mask = self._mask(mask)
+        batched = {}
+        for name, value in fields.items():
+            nominal = getattr(self._mx, name, None)
+            if not isinstance(nominal, jax.Array):
+                raise ValueError(f"set_model_fields: {name!r} is not an array field of mjx.Model.")
+            value = self._input(value.detach(), (self.num_envs, *nominal.shape), name)
+            batched[name] = (nominal, value)
+        with self._jax_scope():
+            for name, (nominal, value) in batched.items():
+                current = self._batched_fields.get(name)
+                if current is None:
+                    current = jnp.broadcast_to(nominal, (self.num_envs, *nominal.shape))
+                keep = torch_to_jax(mask).reshape((-1,) + (1,) * nominal.ndim)
+                new = torch_to_jax(value.contiguous()).astype(nominal.dtype)
+                self._batched_fields[name] = jnp.where(keep, new, current)
+
+    def set_qvel(self, qvel: torch.Tensor, mask: torch.Tensor | None = None) -> None:
+        qvel = self._input(qvel, (self.num_envs, self.nv), "qvel")
+        mask = self._mask(mask)
+        if self.requires_grad:
+            self._qvel_t = torch.where(mask[:, None], qvel, self._qvel_t)
+            return
+        with self._jax_scope():
+            new = jnp.where(torch_to_jax(mask)[:, None], torch_to_jax(qvel.contiguous()), self._data.qvel)
+            self._data = self._data.replace(qvel=new)
+        self._outputs["qvel"] = new
 
     def _reset_differentiable(self, qpos, qvel, mask) -> None:
         full = bool(mask.all()) or self._sites_t is None
@@ -338,7 +393,7 @@ class MjxBackend(PhysicsBackend):
             return
         ctrl = self._input(ctrl.detach(), (self.num_envs, self.nu), "ctrl")
         with self._jax_scope():
-            self._data, out = self._jit_step(self._mx, self._data, torch_to_jax(ctrl))
+            self._data, out = self._jit_step(self._model(), self._data, torch_to_jax(ctrl))
         self._outputs = dict(zip(_OUTPUTS, out))
 
     def _output(self, key: str) -> torch.Tensor:

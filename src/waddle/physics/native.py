@@ -11,6 +11,12 @@ adds to its copy of the model (``framepos`` for each tracked site, a
 sensors in the forward pass of each substep, so they describe the state before
 the last substep's integration, as ``MjData.site_xpos`` does after ``mj_step``.
 
+Per-env model parameters (:meth:`NativeBackend.set_model_fields`) give each
+env its own ``MjModel``: ``mujoco.rollout`` takes one model per rollout, so a
+step stays one call into C. The copies are of a lean build of the model
+(textures shrunk to a texel, which the physics never reads), about 65 kB each
+for the MicroDuck; the values are written into them at reset only.
+
 MuJoCo resets a simulator whose state becomes non-finite or huge (with a
 warning) and keeps stepping from ``qpos0``. The backend spots that by the
 simulator's clock falling behind and reports the env in :attr:`diverged`, with
@@ -20,7 +26,9 @@ unaffected.
 
 from __future__ import annotations
 
+import copy
 import os
+from collections.abc import Mapping
 
 import mujoco
 import numpy as np
@@ -52,9 +60,14 @@ class NativeBackend(PhysicsBackend):
 
     def __init__(self, model, *, num_threads: int | None = None, **kwargs) -> None:
         super().__init__(model, **kwargs)
+        self._physics_spec = None
         if self.site_ids or self.contact_geom_ids:
-            self.model = self._instrumented_model(kwargs)
+            self._physics_spec = self._instrumented_spec(kwargs)
+            self.model = self._physics_spec.compile()
         model = self.model
+        # One model per env once set_model_fields is called; until then all envs share self.model.
+        self._models: list[mujoco.MjModel] | None = None
+        self._field_views: dict[str, list[np.ndarray]] = {}
         self.num_threads = int(num_threads or len(os.sched_getaffinity(0)))
         self._pool = rollout.Rollout(nthread=self.num_threads)
         self._scratch = [mujoco.MjData(model) for _ in range(self.num_threads)]
@@ -72,7 +85,7 @@ class NativeBackend(PhysicsBackend):
         self._diverged = torch.zeros(self.num_envs, dtype=torch.bool, device=self.device)
         self._refresh_sensors(np.arange(self.num_envs))
 
-    def _instrumented_model(self, kwargs) -> mujoco.MjModel:
+    def _instrumented_spec(self, kwargs) -> mujoco.MjSpec:
         if self.spec is None:
             raise ValueError(
                 "The native backend reads sites and contacts through sensors it adds to "
@@ -100,7 +113,62 @@ class NativeBackend(PhysicsBackend):
                 objname=name,
                 intprm=[1, 0, 1],
             )
-        return spec.compile()
+        return spec
+
+    @property
+    def per_env_models(self) -> bool:
+        return True
+
+    def model_of(self, env: int) -> mujoco.MjModel:
+        """The ``MjModel`` env ``env`` is simulated with (``model`` until fields were set per env)."""
+        return self.model if self._models is None else self._models[env]
+
+    def _per_env_models(self) -> list[mujoco.MjModel]:
+        if self._models is None:
+            if self._physics_spec is not None:
+                spec = self._physics_spec.copy()
+                for texture in spec.textures:
+                    # Texels are for rendering; a skybox needs its six faces.
+                    texture.width = 1
+                    texture.height = 6 if texture.type == mujoco.mjtTexture.mjTEXTURE_SKYBOX else 1
+                template = spec.compile()
+            else:
+                template = copy.copy(self.model)
+            # MuJoCo fills the mass matrix rows of 'simple' dofs from dof_M0, which the compiler
+            # derived from the nominal masses; without the shortcut they come from the per-env ones.
+            template.dof_simplenum[:] = 0
+            self._models = [copy.copy(template) for _ in range(self.num_envs)]
+            self._ctrl_substeps = np.zeros((self.num_envs, self.frame_skip, self.model.nu))
+        return self._models
+
+    def set_model_fields(self, fields: Mapping[str, torch.Tensor], mask: torch.Tensor | None = None) -> None:
+        rows = np.arange(self.num_envs) if mask is None else mask.detach().cpu().numpy().reshape(-1).nonzero()[0]
+        arrays = {}
+        for name, value in fields.items():
+            nominal = getattr(self.model, name, None)
+            if not isinstance(nominal, np.ndarray):
+                raise ValueError(f"set_model_fields: {name!r} is not an array field of MjModel.")
+            array = value.detach().cpu().double().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
+            if array.shape != (self.num_envs, *nominal.shape):
+                raise ValueError(
+                    f"set_model_fields: {name} must have shape {(self.num_envs, *nominal.shape)}, got {array.shape}."
+                )
+            arrays[name] = array
+        if rows.size == 0:
+            return
+        models = self._per_env_models()
+        for name, array in arrays.items():
+            views = self._field_views.get(name)
+            if views is None:
+                views = self._field_views[name] = [getattr(m, name) for m in models]
+            # One small copy per reset env and field kind; the step path never loops over envs.
+            for row in rows:
+                views[row][...] = array[row]
+
+    def set_qvel(self, qvel: torch.Tensor, mask: torch.Tensor | None = None) -> None:
+        rows = np.arange(self.num_envs) if mask is None else mask.detach().cpu().numpy().reshape(-1).nonzero()[0]
+        if rows.size:
+            self._state[rows, self._qvel_slice] = qvel.detach().cpu().double().numpy()[rows]
 
     def reset(self, qpos, qvel, mask=None) -> None:
         rows = np.arange(self.num_envs) if mask is None else mask.detach().cpu().numpy().nonzero()[0]
@@ -118,23 +186,41 @@ class NativeBackend(PhysicsBackend):
         """Run MuJoCo's forward pass for ``rows`` so sensors describe their new state."""
         data = self._scratch[0]
         for row in rows:
-            mujoco.mj_setState(self.model, data, self._state[row], _STATE)
-            mujoco.mj_forward(self.model, data)
+            model = self.model_of(row)
+            mujoco.mj_setState(model, data, self._state[row], _STATE)
+            mujoco.mj_forward(model, data)
             self._sensors[row] = data.sensordata
 
     def step(self, ctrl: torch.Tensor) -> None:
         self._ctrl[:, 0, :] = ctrl.detach().cpu().numpy()
         start_time = self._state[:, 0].copy()
-        self._pool.rollout(
-            self.model,
-            self._scratch,
-            self._state,
-            self._ctrl,
-            control_spec=_CTRL,
-            nstep=self.frame_skip,
-            state=self._trajectory,
-            sensordata=self._sensor_trajectory,
-        )
+        if self._models is None:
+            self._pool.rollout(
+                self.model,
+                self._scratch,
+                self._state,
+                self._ctrl,
+                control_spec=_CTRL,
+                nstep=self.frame_skip,
+                state=self._trajectory,
+                sensordata=self._sensor_trajectory,
+            )
+        else:
+            # The wrapper's checks walk the model list in Python on every call; the per-env
+            # models share one size signature by construction, so go straight to C with
+            # arrays of exactly the shapes it expects (controls tiled over the substeps).
+            self._ctrl_substeps[:] = self._ctrl
+            self._pool.rollout(
+                self._models,
+                self._scratch,
+                self._state,
+                self._ctrl_substeps,
+                control_spec=_CTRL,
+                skip_checks=True,
+                nstep=self.frame_skip,
+                state=self._trajectory,
+                sensordata=self._sensor_trajectory,
+            )
         self._state[:] = self._trajectory[:, -1]
         self._sensors[:] = self._sensor_trajectory[:, -1]
         expected = start_time + self.frame_skip * self.model.opt.timestep

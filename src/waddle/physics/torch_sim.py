@@ -52,6 +52,11 @@ about what does not:
   object has no attribute '_data'``). ``compile_step=True`` turns that into a
   :class:`RuntimeError` naming the alternatives on the first step; the eager
   path (the default) works.
+* **One model for every env.** Per-env model parameters
+  (:meth:`~waddle.physics.base.PhysicsBackend.set_model_fields`, which domain
+  randomization of friction, masses or servo constants needs) are refused
+  with the alternatives named; :meth:`MujocoTorchBackend.set_qvel` (pushes)
+  works.
 * ``differentiable_mode`` (smooth collisions, contacts from distance,
   adaptive integration; ``diff_config=mujoco_torch.DiffConfig(...)``) is
   applied to every substep when given; by default MuJoCo's hard contacts are
@@ -241,6 +246,14 @@ class MujocoTorchBackend(PhysicsBackend):
                 self._data = fresh
             else:
                 self._data = _merge_rows(self._data, fresh, idx)
+
+    def set_qvel(self, qvel: torch.Tensor, mask: torch.Tensor | None = None) -> None:
+        qvel = self._input(qvel, (self.num_envs, self.nv), "qvel")
+        if mask is None:
+            mask = torch.ones(self.num_envs, dtype=torch.bool, device=self.device)
+        mask = torch.as_tensor(mask, device=self.device).reshape(-1, 1).to(torch.bool)
+        with self._mode():
+            self._data = self._data.replace(qvel=torch.where(mask, qvel, self._data.qvel))
 
     def step(self, ctrl: torch.Tensor) -> None:
         ctrl = self._input(ctrl, (self.num_envs, self.nu), "ctrl")

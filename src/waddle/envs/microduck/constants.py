@@ -43,6 +43,9 @@ RIGHT_LEG: slice = slice(9, 14)
 ROOT_BODY: str = "trunk_base"
 """The floating base body; it carries the free joint ``trunk_base_freejoint``."""
 
+HEAD_BODY: str = "jaw_soft"
+"""The head's heaviest link (0.19 kg of the head's 0.28 kg): where the head's centre of mass is randomized."""
+
 IMU_SITE: str = "imu"
 """Site of the trunk IMU, used by the orientation, gyro, velocimeter and accelerometer sensors."""
 

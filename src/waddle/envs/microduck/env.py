@@ -23,21 +23,43 @@ the walking presets do): ``ctrl = stand_ctrl + gait_prior + action_scale *
 action``, held for ``CONTROL_DT`` = 0.02 s (50 Hz, 10 physics substeps). Actions outside the
 action space are clipped to it, as the bounded action spec says; with
 ``diagnostics=True`` the fraction of clipped entries is reported.
+
+``"sensor_observation"`` (53 values, layout in
+:data:`~waddle.envs.microduck.sensors.SENSOR_FIELDS`) is what the robot can
+measure: IMU gravity and gyro, encoder positions and velocities, the command,
+the gait clock and the previous action, with the noise and delays of the
+env's :class:`~waddle.envs.microduck.randomization.MicroDuckRandomization`.
+``"observation"`` stays noise-free ground truth (a critic's input), and a
+randomized env reports each env's drawn values under ``("randomization",
+<name>)``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+import mujoco
+import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.data import Bounded, Categorical, Composite, Unbounded
 
 from waddle.envs.microduck import assets, constants, rewards
 from waddle.envs.microduck import tasks as presets
+from waddle.envs.microduck.randomization import (
+    DelayLine,
+    MicroDuckRandomization,
+    ModelFields,
+    draw_values,
+    nominal_values,
+    resolve_randomization,
+    tilt_rotation,
+    value_sizes,
+)
+from waddle.envs.microduck.sensors import NOISY_FIELDS, SENSOR_DIM, SENSOR_FIELDS, SensorField
 from waddle.envs.microduck.tasks import MicroDuckTask
 from waddle.envs.mujoco_env import MujocoEnv
 from waddle.envs.rotations import heading, projected_gravity, rotate, rotate_inverse, wrap_angle
@@ -68,6 +90,12 @@ class MicroDuckEnv(MujocoEnv):
             the best one for ``device`` (native MuJoCo on a CPU).
         low_cost_collisions: replace collision meshes by fitted boxes at load.
         max_episode_steps: truncation horizon, at least 1.
+        randomization: a :class:`~waddle.envs.microduck.randomization.MicroDuckRandomization`,
+            a preset name (``"none"``, the default: the idealized robot of
+            earlier releases, bit for bit; ``"upstream"``: the microduck_rl
+            training's ranges) or a mapping of ranges over ``"none"``. Model
+            parameters need ``backend="mujoco"`` or ``backend="mjx"`` without
+            ``requires_grad``.
         **kwargs: forwarded to :class:`~waddle.envs.mujoco_env.MujocoEnv`:
             ``num_envs``, ``device``, ``seed``, ``reset_noise_scale``,
             ``from_pixels``, ``render_width``, ``render_height``,
@@ -95,6 +123,10 @@ class MicroDuckEnv(MujocoEnv):
     """Index of the gait clock ``(sin, cos, ramp)`` in the observation."""
     PREVIOUS_ACTION_START: ClassVar[int] = GAIT_PHASE_START + 3
     OBSERVATION_DIM: ClassVar[int] = PREVIOUS_ACTION_START + NUM_JOINTS
+    SENSOR_DIM: ClassVar[int] = SENSOR_DIM
+    """Width of ``"sensor_observation"``."""
+    SENSOR_FIELDS: ClassVar[dict[str, SensorField]] = SENSOR_FIELDS
+    """The sensor observation's fields (indices, units) by name."""
     SKIP_QPOS: ClassVar[int] = 0
     COMMAND_THRESHOLD: ClassVar[float] = presets.COMMAND_THRESHOLD
     """Planar command speed under which a task counts as standing."""
@@ -149,6 +181,7 @@ class MicroDuckEnv(MujocoEnv):
         backend: str | None = None,
         low_cost_collisions: bool = True,
         max_episode_steps: int = 500,
+        randomization: MicroDuckRandomization | str | Mapping[str, Any] | None = "none",
         **kwargs: Any,
     ) -> None:
         refused = [name for name in _REFUSED_KWARGS if name in kwargs]
@@ -158,6 +191,7 @@ class MicroDuckEnv(MujocoEnv):
             raise ValueError(f"action_scale must be a finite number > 0, got {action_scale!r}.")
         if isinstance(max_episode_steps, bool) or not isinstance(max_episode_steps, int) or max_episode_steps < 1:
             raise ValueError(f"max_episode_steps must be an integer >= 1, got {max_episode_steps!r}.")
+        self.randomization = resolve_randomization(randomization)
         self.scene_path = self.resolve_scene(microduck_root, root=root, download=download)
         spec = assets.load_spec(self.scene_path, low_cost_collisions=low_cost_collisions)
         kwargs.setdefault("camera_id", constants.TRACKING_CAMERA)
@@ -170,6 +204,7 @@ class MicroDuckEnv(MujocoEnv):
             **kwargs,
         )
         assets.check_model(self.model)
+        self._check_backend_randomizes()
         self.action_scale = float(action_scale)
         self.diagnostics = bool(diagnostics)
         self.max_episode_steps = max_episode_steps
@@ -177,6 +212,7 @@ class MicroDuckEnv(MujocoEnv):
         self.tasks = presets.as_task_library(library).to(self.device)
         self._configure_from_model()
         self._allocate_episode_state()
+        self._allocate_randomization_state()
         self._make_specs()
 
     # ------------------------------------------------------------------
@@ -192,6 +228,18 @@ class MicroDuckEnv(MujocoEnv):
     ) -> Path:
         """Locate the MicroDuck scene XML; see :func:`waddle.envs.microduck.assets.resolve_scene`."""
         return assets.resolve_scene(microduck_root, root=root, download=download)
+
+    def _check_backend_randomizes(self) -> None:
+        varied = self.randomization.model_parameters
+        if not varied or self.physics.per_env_models:
+            return
+        grad = " with requires_grad=True" if self.requires_grad else ""
+        self.physics.close()
+        raise ValueError(
+            f"randomization varies model parameters {varied} per env, which backend={self.backend!r}{grad} "
+            "cannot simulate. Use backend='mujoco' (CPU) or backend='mjx' with requires_grad=False, or keep "
+            "those ranges nominal: joint_offset, imu_tilt, pushes, delays and noise work on every backend."
+        )
 
     def _configure_from_model(self) -> None:
         model = self.model
@@ -218,6 +266,44 @@ class MicroDuckEnv(MujocoEnv):
         self._touchdown_air_time = zeros(n, 2)
         self._reset_heading = zeros(n)
 
+    def _allocate_randomization_state(self) -> None:
+        config, n = self.randomization, self.num_envs
+        model = self.model
+        root = model.body(constants.ROOT_BODY).id
+        self._num_links = int(sum(model.body_rootid[b] == root for b in range(model.nbody)))
+        # Float64 so that nominal model values reach the simulator unrounded.
+        self._model_fields = (
+            ModelFields(model, dtype=torch.float64, device=self.device) if config.varies_model else None
+        )
+        self._random_values = nominal_values(n, self._num_links, dtype=self.dtype, device=self.device)
+        self._joint_offset = torch.zeros(n, self.NUM_JOINTS, dtype=self.dtype, device=self.device)
+        # The IMU's axes in the trunk frame: its site's orientation, then the drawn mounting tilt.
+        imu = model.site(constants.IMU_SITE)
+        site_rotation = np.empty(9)
+        mujoco.mju_quat2Mat(site_rotation, model.site_quat[imu.id])
+        self._imu_site_rotation = torch.as_tensor(site_rotation.reshape(3, 3), dtype=self.dtype, device=self.device)
+        self._imu_rotation = self._imu_site_rotation.expand(n, 3, 3).clone()
+
+        def line(width, max_delay):
+            if max_delay == 0:
+                return None
+            return DelayLine(n, width, max_delay, dtype=self.dtype, device=self.device)
+
+        self._action_line = line(self.NUM_JOINTS, config.action_delay[1])
+        self._imu_line = line(6, config.imu_delay[1])
+        self._joint_velocity_line = line(self.NUM_JOINTS, config.joint_velocity_delay)
+        if self._joint_velocity_line is not None:
+            every = torch.ones(n, dtype=torch.bool, device=self.device)
+            self._joint_velocity_line.set_delay(torch.full((n,), config.joint_velocity_delay), every)
+        self._push_timer = torch.zeros(n, dtype=self.dtype, device=self.device)
+        self._sensor_noise = None
+        if config.noisy:
+            scale = torch.zeros(SENSOR_DIM, dtype=self.dtype, device=self.device)
+            for field, attribute in NOISY_FIELDS.items():
+                scale[SENSOR_FIELDS[field].indices] = getattr(config, attribute)
+            self._sensor_noise = scale
+        self._sensor = torch.zeros(n, SENSOR_DIM, dtype=self.dtype, device=self.device)
+
     def _make_specs(self) -> None:
         n = self.num_envs
         num_tasks = self.tasks.shape[0]
@@ -225,6 +311,7 @@ class MicroDuckEnv(MujocoEnv):
         command_spec = Unbounded(shape=(n, 2), dtype=self.dtype, device=self.device)
         observation = {
             "observation": Unbounded(shape=(n, self.OBSERVATION_DIM), dtype=self.dtype, device=self.device),
+            "sensor_observation": Unbounded(shape=(n, SENSOR_DIM), dtype=self.dtype, device=self.device),
             "command": command_spec.clone(),
             "task_id": task_id_spec.clone(),
         }
@@ -235,6 +322,12 @@ class MicroDuckEnv(MujocoEnv):
         if self.diagnostics:
             for key in self._diagnostic_keys():
                 observation[key] = Unbounded(shape=(n, 1), dtype=self.dtype, device=self.device)
+        if self.randomization.active:
+            values = {
+                name: Unbounded(shape=(n, size), dtype=self.dtype, device=self.device)
+                for name, size in value_sizes(self._num_links).items()
+            }
+            observation["randomization"] = Composite(values, shape=(n,))
         self.observation_spec = Composite(observation, shape=(n,))
         self.state_spec = Composite(task_id=task_id_spec, command=command_spec, shape=(n,))
         self.action_spec = Bounded(-1.0, 1.0, shape=(n, self.NUM_JOINTS), dtype=self.dtype, device=self.device)
@@ -258,6 +351,10 @@ class MicroDuckEnv(MujocoEnv):
         super().detach_state()
         self._previous_action = self._previous_action.detach()
         self._foot_heights = self._foot_heights.detach()
+        self._sensor = self._sensor.detach()
+        for line in (self._action_line, self._imu_line, self._joint_velocity_line):
+            if line is not None:
+                line.detach()
 
     # ------------------------------------------------------------------
     # Robot readings
@@ -335,6 +432,49 @@ class MicroDuckEnv(MujocoEnv):
             dim=-1,
         )
 
+    def _sensor_observation(
+        self, qpos: torch.Tensor, qvel: torch.Tensor, reset_rows: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """What the robot measures after a step, or at a reset of ``reset_rows`` (layout: ``SENSOR_FIELDS``).
+
+        At a reset the delay lines of the reset envs are filled with the current
+        readings and the other envs keep the sensor observation they had.
+        """
+        n = qpos.shape[0]
+        # Row vectors times the IMU's axes: each reading expressed in the IMU frame.
+        body = torch.stack([projected_gravity(qpos[:, 3:7]), qvel[:, 3:6]], dim=1)
+        imu = (body @ self._imu_rotation).reshape(n, 6)
+        joint_velocity = qvel[:, 6:]
+        lines = ((self._imu_line, imu), (self._joint_velocity_line, joint_velocity))
+        delayed = []
+        for line, value in lines:
+            if line is None:
+                delayed.append(value)
+            elif reset_rows is None:
+                delayed.append(line.push(value))
+            else:
+                line.fill(value, reset_rows)
+                delayed.append(line.read())
+        imu, joint_velocity = delayed
+        phase, ramp = self._gait_clock()
+        sensor = torch.cat(
+            [
+                imu,
+                self._command,
+                qpos[:, 7:] + self._joint_offset - self._home_qpos[7:],
+                joint_velocity,
+                torch.stack([phase.sin(), phase.cos(), ramp], dim=-1),
+                self._previous_action,
+            ],
+            dim=-1,
+        )
+        if self._sensor_noise is not None:
+            sensor = sensor + self._sensor_noise * self._uniform(n, SENSOR_DIM)
+        if reset_rows is not None:
+            sensor = torch.where(reset_rows.unsqueeze(-1), sensor, self._sensor)
+        self._sensor = sensor
+        return sensor
+
     def _fallen(self, qpos: torch.Tensor) -> torch.Tensor:
         upright = -projected_gravity(qpos[:, 3:7])[:, 2]
         return (qpos[:, 2] < self.MIN_HEIGHT_RATIO * self._standing_height) | (upright < self.MIN_UPRIGHT)
@@ -353,6 +493,7 @@ class MicroDuckEnv(MujocoEnv):
         episode_task = self.tasks[task_id]
         command = self._draw_command(tensordict, episode_task, rows)
         qpos, qvel = self._initial_state(episode_task, command)
+        self._draw_randomization(rows)
         self.physics.reset(qpos, qvel, mask)
 
         column = rows.unsqueeze(-1)
@@ -368,13 +509,57 @@ class MicroDuckEnv(MujocoEnv):
         self._reset_heading = torch.where(rows, self.heading().detach(), self._reset_heading)
 
         qpos, qvel = self.physics.qpos, self.physics.qvel
-        out = self._observation_dict(qpos, qvel)
+        out = self._observation_dict(qpos, qvel, reset_rows=rows)
         if self.diagnostics:
             zeros = torch.zeros(self.num_envs, len(self.REWARD_TERMS), dtype=self.dtype, device=self.device)
             out.update(self._diagnostics(qpos, qvel, zeros, torch.zeros_like(self._previous_action)))
         false = torch.zeros(self.num_envs, 1, dtype=torch.bool, device=self.device)
         out.update(done=false, terminated=false.clone(), truncated=false.clone())
         return TensorDict(out, batch_size=self.batch_size, device=self.device)
+
+    def _draw_randomization(self, rows: torch.Tensor) -> None:
+        """Draw every reset env's randomized values and hand the model parameters to the backend."""
+        config = self.randomization
+        if self._action_line is not None:
+            self._action_line.fill(self._home_ctrl.expand(self.num_envs, -1), rows)
+        if not config.active:
+            return
+        drawn = draw_values(config, self.num_envs, self._num_links, self.rng, dtype=self.dtype, device=self.device)
+        column = rows.unsqueeze(-1)
+        values = {name: torch.where(column, value, self._random_values[name]) for name, value in drawn.items()}
+        self._random_values = values
+        if self._model_fields is not None:
+            as_double = {name: value.to(torch.float64) for name, value in values.items()}
+            self.physics.set_model_fields(self._model_fields.fields(as_double), rows)
+        self._joint_offset = values["joint_offset"]
+        self._imu_rotation = self._imu_site_rotation @ tilt_rotation(values["imu_tilt"])
+        if self._action_line is not None:
+            self._action_line.set_delay(values["action_delay"].squeeze(-1), rows)
+        if self._imu_line is not None:
+            self._imu_line.set_delay(values["imu_delay"].squeeze(-1), rows)
+        if config.pushes:
+            low, high = config.push_interval
+            interval = low + (high - low) * torch.rand(
+                self.num_envs, generator=self.rng, dtype=self.dtype, device=self.device
+            )
+            self._push_timer = torch.where(rows, interval, self._push_timer)
+
+    def _push(self) -> None:
+        """Kick the trunk of each env whose push timer ran out, and start its next interval."""
+        config = self.randomization
+        self._push_timer = self._push_timer - self.control_dt
+        due = self._push_timer <= 0
+        if not bool(due.any()):
+            return
+        n = self.num_envs
+        low, high = config.push_velocity
+        kick = low + (high - low) * torch.rand(n, 2, generator=self.rng, dtype=self.dtype, device=self.device)
+        low, high = config.push_interval
+        interval = low + (high - low) * torch.rand(n, generator=self.rng, dtype=self.dtype, device=self.device)
+        qvel = self.physics.qvel.to(self.dtype).clone()
+        qvel[:, :2] += torch.where(due.unsqueeze(-1), kick, torch.zeros_like(kick))
+        self.physics.set_qvel(qvel, due)
+        self._push_timer = torch.where(due, interval, self._push_timer)
 
     def _draw_task_id(self, tensordict: TensorDictBase | None, rows: torch.Tensor) -> torch.Tensor:
         num_tasks = self.tasks.shape[0]
@@ -455,7 +640,15 @@ class MicroDuckEnv(MujocoEnv):
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
         action = self._checked_action(tensordict["action"])
         clipped = action.clamp(-1.0, 1.0)
-        self.physics.step(self._home_ctrl + self.gait_prior() + self.action_scale * clipped)
+        target = self._home_ctrl + self.gait_prior() + self.action_scale * clipped
+        if self._action_line is not None:
+            target = self._action_line.push(target)
+        if self.randomization.active:
+            # The servo drives its biased encoder reading to the target, so the joint settles off by the bias.
+            target = target - self._joint_offset
+            if self.randomization.pushes:
+                self._push()
+        self.physics.step(target)
         qpos, qvel = self.physics.qpos, self.physics.qvel
         nonfinite = ~(torch.isfinite(qpos).all(-1) & torch.isfinite(qvel).all(-1)) | self.physics.diverged
         if nonfinite.any():
@@ -546,12 +739,17 @@ class MicroDuckEnv(MujocoEnv):
             device=self.device,
         )
 
-    def _observation_dict(self, qpos: torch.Tensor, qvel: torch.Tensor) -> dict[str, torch.Tensor]:
+    def _observation_dict(
+        self, qpos: torch.Tensor, qvel: torch.Tensor, reset_rows: torch.Tensor | None = None
+    ) -> dict[str, torch.Tensor]:
         out = {
             "observation": self._observation(qpos, qvel),
+            "sensor_observation": self._sensor_observation(qpos, qvel, reset_rows),
             "command": self._command.clone(),
             "task_id": self._task_id.unsqueeze(-1).clone(),
         }
+        if self.randomization.active:
+            out["randomization"] = TensorDict(self._random_values, batch_size=self.batch_size, device=self.device)
         if self.from_pixels:
             out["pixels"] = self.render()
         return out
