@@ -27,6 +27,15 @@ wide) appended to the normalised observation; with one task they read the
 observation only, as before. The library's task names are saved with the
 state and a state saved for another library is refused on load.
 
+The actor reads ``"observation"`` (``actor_observation="full"``, the default)
+or what the robot can measure, ``"sensor_observation"`` (``"sensors"``). The
+critic reads ``"observation"`` and, when the env reports them, the drawn
+randomization values under ``("randomization", <name>)`` flattened after it:
+privileged information that only training needs (asymmetric actor-critic).
+When the two networks read the same entry they share one normaliser, as they
+always did; otherwise each has its own (the state's ``"critic_normalizer"``).
+A state saved with another ``actor_observation`` is refused on load.
+
 When the env reports its weighted reward terms (``MicroDuckEnv(diagnostics=True)``
 writes ``diagnostic_reward_<term>``, summing to the reward), each iteration also
 logs their mean per env step as ``reward/<term>``.
@@ -37,6 +46,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -53,11 +63,24 @@ from waddle.algorithms.task_library import (
     saved_task_library,
     task_library,
 )
-from waddle.modules.networks import LOG_STD_BOUNDS, GaussianPolicy, PolicyMean, ValueNetwork, make_actor, make_critic
+from waddle.modules.networks import (
+    LOG_STD_BOUNDS,
+    OBSERVATION_KEY,
+    SENSOR_OBSERVATION_KEY,
+    GaussianPolicy,
+    PolicyMean,
+    ValueNetwork,
+    make_actor,
+    make_critic,
+)
 from waddle.modules.normalizer import RunningNormalizer
 from waddle.modules.task_embedding import TASK_ID_KEY
 
 LR_SCHEDULES = ("constant", "adaptive")
+ACTOR_OBSERVATIONS: dict[str, str] = {"full": OBSERVATION_KEY, "sensors": SENSOR_OBSERVATION_KEY}
+"""``PPOConfig.actor_observation`` -> the env entry the actor reads."""
+RANDOMIZATION_KEY = "randomization"
+"""The env's entry holding each env's drawn randomization values, one sub-entry per parameter."""
 REWARD_TERM_PREFIX = "diagnostic_reward_"
 """Entries of an env step's output holding one weighted reward term each (``MicroDuckEnv(diagnostics=True)``)."""
 
@@ -101,9 +124,17 @@ class PPOConfig:
     task_embedding_dim: int = 8
     """Width of the task-id embedding the actor and the critic read beside the observation when the env's
     task library holds more than one task (0: they never read the task id)."""
+    actor_observation: str = "full"
+    """What the actor reads: 'full' (the env's 56-value observation, linear velocity included) or 'sensors'
+    (sensor_observation, what the robot measures on board; the critic keeps the full observation)."""
 
     def __post_init__(self) -> None:
         check_task_embedding_dim(self)
+        if self.actor_observation not in ACTOR_OBSERVATIONS:
+            raise ValueError(
+                f"PPOConfig.actor_observation must be one of {tuple(ACTOR_OBSERVATIONS)}, "
+                f"got {self.actor_observation!r}."
+            )
         for name in ("num_steps", "num_epochs", "num_minibatches"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -125,6 +156,58 @@ class PPOConfig:
 
 class NonFiniteLossError(FloatingPointError):
     """A loss or gradient turned NaN or infinite; the update was not applied."""
+
+
+class ActorObservationError(ValueError):
+    """A policy state was trained on another actor observation than the trainer reads."""
+
+
+def saved_actor_observation(state: Mapping[str, Any]) -> str:
+    """The ``actor_observation`` a PPO state was trained with (``"full"`` for states that predate the choice)."""
+    config = state.get("config")
+    return str(config.get("actor_observation", "full")) if isinstance(config, Mapping) else "full"
+
+
+def check_actor_observation(saved: str, requested: str, *, what: str = "checkpoint") -> None:
+    """Refuse to run an actor on another observation than the one it was trained on.
+
+    Raises:
+        ActorObservationError: naming both choices and what each entry holds.
+
+    Example:
+        >>> check_actor_observation("sensors", "full")
+        Traceback (most recent call last):
+        ...
+        waddle.algorithms.ppo.ActorObservationError: the checkpoint's actor was trained on actor_observation 'sensors' (sensor_observation: IMU, encoders, command, gait clock, previous action; 53 values) but 'full' was asked for (observation: the 56-value ground truth, linear velocity included); the two layouts differ in width and meaning, so use 'sensors'.
+    """
+    if saved == requested:
+        return
+    raise ActorObservationError(
+        f"the {what}'s actor was trained on actor_observation {saved!r} ({_DESCRIPTIONS.get(saved, saved)}) but "
+        f"{requested!r} was asked for ({_DESCRIPTIONS.get(requested, requested)}); the two layouts differ in width "
+        f"and meaning, so use {saved!r}."
+    )
+
+
+_DESCRIPTIONS = {
+    "full": "observation: the 56-value ground truth, linear velocity included",
+    "sensors": "sensor_observation: IMU, encoders, command, gait clock, previous action; 53 values",
+}
+
+
+def critic_keys(env: EnvBase) -> list[str | tuple[str, str]]:
+    """The entries the critic reads, in order: ``"observation"``, then each ``("randomization", name)``
+    the env reports (none when it reports no randomization)."""
+    keys: list[str | tuple[str, str]] = [OBSERVATION_KEY]
+    values = env.observation_spec.get(RANDOMIZATION_KEY, None)
+    if values is not None:
+        keys += [(RANDOMIZATION_KEY, name) for name in values.keys()]
+    return keys
+
+
+def flat_width(env: EnvBase, keys: list[str | tuple[str, str]]) -> int:
+    """Total width of ``keys`` of ``env``'s observations, each flattened after the batch dimension."""
+    return sum(math.prod(env.observation_spec[key].shape[len(env.batch_size) :]) for key in keys)
 
 
 def adapt_learning_rate(
@@ -242,23 +325,40 @@ class PPO:
             raise ValueError(f"PPO needs an env with batch_size=(num_envs,), got {tuple(env.batch_size)}.")
         self.num_envs = env.batch_size[0]
         self.steps_per_iteration = config.num_steps * self.num_envs
-        observation_dim = env.observation_spec["observation"].shape[-1]
+        self.actor_key = ACTOR_OBSERVATIONS[config.actor_observation]
+        if self.actor_key not in env.observation_spec.keys():
+            raise ValueError(
+                f"PPOConfig.actor_observation={config.actor_observation!r} reads {self.actor_key!r}, which this env "
+                f"does not report; its entries: {sorted(map(str, env.observation_spec.keys()))}."
+            )
+        self.critic_keys = critic_keys(env)
+        observation_dim = env.observation_spec[self.actor_key].shape[-1]
         action_dim = env.action_spec.shape[-1]
         low, high = env.action_spec.space.low, env.action_spec.space.high
         self.action_low, self.action_high = float(low.min()), float(high.max())
         self.task_library = task_library(env)
         tasks = dict(num_tasks=max(len(self.task_library), 1), task_embedding_dim=config.task_embedding_dim)
 
-        # Networks: one normaliser shared by the actor and the critic.
+        # Networks: one normaliser shared by the actor and the critic when both read the same entry.
         self.normalizer = RunningNormalizer(observation_dim).to(self.device)
-        self.policy = GaussianPolicy(
-            self.normalizer, action_dim, config.actor_hidden_sizes, init_std=math.exp(config.init_log_std), **tasks
+        self.asymmetric = self.critic_keys != [self.actor_key]
+        self.critic_normalizer = (
+            RunningNormalizer(flat_width(env, self.critic_keys)).to(self.device) if self.asymmetric else None
         )
-        self.value = ValueNetwork(self.normalizer, config.critic_hidden_sizes, **tasks)
+        self.policy = GaussianPolicy(
+            self.normalizer,
+            action_dim,
+            config.actor_hidden_sizes,
+            init_std=math.exp(config.init_log_std),
+            observation_key=self.actor_key,
+            **tasks,
+        )
+        critic_normalizer = self.normalizer if self.critic_normalizer is None else self.critic_normalizer
+        self.value = ValueNetwork(critic_normalizer, config.critic_hidden_sizes, **tasks)
         self.policy.to(self.device)
         self.value.to(self.device)
         self.actor = make_actor(self.policy)
-        self.critic = make_critic(self.value)
+        self.critic = make_critic(self.value, self.critic_keys)
 
         # Objective and advantage estimator, both from TorchRL.
         self.loss_module = ClipPPOLoss(
@@ -369,7 +469,7 @@ class PPO:
                 if config.lr_schedule == "adaptive":
                     with torch.no_grad():
                         task_id = mb_data[TASK_ID_KEY] if self.policy.reads_task_id else None
-                        new_loc, new_scale = self.policy(mb_data["observation"], task_id)
+                        new_loc, new_scale = self.policy(mb_data[self.actor_key], task_id)
                         kl = gaussian_kl(mb_data["loc"], mb_data["scale"], new_loc, new_scale)
                     sums["charts/kl"] += float(kl)
                     self._set_learning_rate(adapt_learning_rate(self.learning_rate, float(kl), config.desired_kl))
@@ -416,7 +516,9 @@ class PPO:
         start = time.perf_counter()
         stats = self.update(batch)
         if self.config.normalize_observations:
-            self.normalizer.update(batch["observation"])
+            self.normalizer.update(batch[self.actor_key])
+            if self.critic_normalizer is not None:
+                self.critic_normalizer.update(self.critic_input(batch))
         update_time = time.perf_counter() - start
         self.iteration += 1
 
@@ -439,9 +541,15 @@ class PPO:
     # Policy and state
     # ------------------------------------------------------------------
 
+    def critic_input(self, data: TensorDictBase) -> torch.Tensor:
+        """What the critic reads from ``data``: its entries flattened and concatenated, batch shape kept."""
+        batch = data.batch_dims
+        return torch.cat([data[key].flatten(batch) for key in self.critic_keys], dim=-1)
+
     def deterministic_policy(self) -> PolicyMean:
         """The exportable ``observation -> action`` module (normaliser baked in, mean clamped);
-        ``(observation, task_id) -> action`` when task-conditioned."""
+        ``(observation, task_id) -> action`` when task-conditioned. Its ``observation_key``
+        names the env entry it reads (``"sensor_observation"`` for a sensors policy)."""
         return PolicyMean(self.policy, self.action_low, self.action_high).eval()
 
     def state_dict(self) -> dict[str, Any]:
@@ -453,6 +561,7 @@ class PPO:
             "policy": self.policy.state_dict(),
             "value": self.value.state_dict(),
             "normalizer": self.normalizer.state_dict(),
+            **({} if self.critic_normalizer is None else {"critic_normalizer": self.critic_normalizer.state_dict()}),
             "optimizer": self.optimizer.state_dict(),
             "learning_rate": self.learning_rate,
             "env_steps": self.env_steps,
@@ -464,11 +573,15 @@ class PPO:
 
         Raises:
             TaskLibraryError: the state was saved for another task library.
+            ActorObservationError: the state's actor read another observation.
         """
         check_task_library(saved_task_library(state), self.task_library)
+        check_actor_observation(saved_actor_observation(state), self.config.actor_observation, what="state")
         self.policy.load_state_dict(state["policy"])
         self.value.load_state_dict(state["value"])
         self.normalizer.load_state_dict(state["normalizer"])
+        if self.critic_normalizer is not None:
+            self.critic_normalizer.load_state_dict(state["critic_normalizer"])
         self.optimizer.load_state_dict(state["optimizer"])
         self._set_learning_rate(float(state["learning_rate"]))
         self.env_steps = int(state["env_steps"])

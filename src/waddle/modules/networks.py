@@ -32,7 +32,10 @@ from waddle.modules.normalizer import RunningNormalizer
 from waddle.modules.task_embedding import TASK_ID_KEY, append_task_embedding, conditioned
 
 OBSERVATION_KEY = "observation"
-"""The entry of the env's TensorDict both networks read."""
+"""The entry of the env's TensorDict both networks read by default."""
+
+SENSOR_OBSERVATION_KEY = "sensor_observation"
+"""The entry holding what the robot measures on board (an actor trained for deployment reads it)."""
 
 LOG_STD_BOUNDS = (-5.0, 1.0)
 """The log standard deviation is clamped to this range before use."""
@@ -50,6 +53,8 @@ class GaussianPolicy(nn.Module):
         num_tasks: size of the env's task library.
         task_embedding_dim: width of the task embedding read when
             ``num_tasks > 1`` (0: never read the task id).
+        observation_key: the env entry the policy reads (``"observation"``,
+            or ``"sensor_observation"`` for a policy that runs on the robot).
 
     Example:
         >>> policy = GaussianPolicy(RunningNormalizer(3), 2, (16,), init_std=0.5)
@@ -68,10 +73,12 @@ class GaussianPolicy(nn.Module):
         activation: type[nn.Module] = nn.ELU,
         num_tasks: int = 1,
         task_embedding_dim: int = 0,
+        observation_key: str = OBSERVATION_KEY,
     ) -> None:
         super().__init__()
         if init_std <= 0:
             raise ValueError(f"init_std must be > 0, got {init_std}.")
+        self.observation_key = observation_key
         (observation_dim,) = normalizer.shape
         embedding_dim = task_embedding_dim if conditioned(num_tasks, task_embedding_dim) else 0
         self.normalizer = normalizer
@@ -169,18 +176,53 @@ class PolicyMean(nn.Module):
     def reads_task_id(self) -> bool:
         return self.policy.reads_task_id
 
+    @property
+    def observation_key(self) -> str:
+        """The env entry this policy reads."""
+        return self.policy.observation_key
+
     def forward(self, observation: torch.Tensor, task_id: torch.Tensor | None = None) -> torch.Tensor:
         loc = self.policy.net(self.policy.features(observation, task_id))
         return loc.clamp(self.low, self.high)
 
 
-def network_in_keys(network: GaussianPolicy | ValueNetwork) -> list[str]:
-    """``["observation"]``, and ``"task_id"`` after it when ``network`` is task-conditioned."""
-    return [OBSERVATION_KEY, TASK_ID_KEY] if network.reads_task_id else [OBSERVATION_KEY]
+class ConcatenatedInputs(nn.Module):
+    """Feeds ``network`` the concatenation of its first ``num_inputs`` arguments, each flattened
+    after the batch dimension; the arguments after them (the task id) are passed on as they are.
+
+    A TorchRL module hands a network one argument per input key; this is how the critic reads
+    the observation and the drawn randomization values, stored under separate keys, as one vector.
+
+    Example:
+        >>> net = ConcatenatedInputs(nn.Identity(), 2)
+        >>> net(torch.zeros(4, 3), torch.ones(4, 2)).shape
+        torch.Size([4, 5])
+    """
+
+    def __init__(self, network: nn.Module, num_inputs: int) -> None:
+        super().__init__()
+        self.network = network
+        self.num_inputs = int(num_inputs)
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        values, rest = inputs[: self.num_inputs], inputs[self.num_inputs :]
+        batch_dims = values[0].dim() - 1
+        return self.network(torch.cat([value.flatten(batch_dims) for value in values], dim=-1), *rest)
+
+
+def network_in_keys(
+    network: GaussianPolicy | ValueNetwork, observation_keys: Sequence[str | tuple[str, ...]] | None = None
+) -> list[str | tuple[str, ...]]:
+    """``observation_keys`` (the network's own ``observation_key`` by default, else ``["observation"]``),
+    and ``"task_id"`` after them when ``network`` is task-conditioned."""
+    if observation_keys is None:
+        observation_keys = [getattr(network, "observation_key", OBSERVATION_KEY)]
+    keys = list(observation_keys)
+    return [*keys, TASK_ID_KEY] if network.reads_task_id else keys
 
 
 def make_actor(policy: GaussianPolicy) -> ProbabilisticActor:
-    """Wrap ``policy`` as a TorchRL actor reading ``"observation"`` (and ``"task_id"``
+    """Wrap ``policy`` as a TorchRL actor reading its ``observation_key`` (and ``"task_id"``
     when conditioned) and writing ``"loc"``, ``"scale"``, a sampled ``"action"`` and its
     log-probability.
 
@@ -197,7 +239,10 @@ def make_actor(policy: GaussianPolicy) -> ProbabilisticActor:
     )
 
 
-def make_critic(value: ValueNetwork) -> ValueOperator:
-    """Wrap ``value`` as a TorchRL value operator reading ``"observation"`` (and ``"task_id"``
-    when conditioned) and writing ``"state_value"``."""
-    return ValueOperator(value, in_keys=network_in_keys(value))
+def make_critic(value: ValueNetwork, observation_keys: Sequence[str | tuple[str, ...]] | None = None) -> ValueOperator:
+    """Wrap ``value`` as a TorchRL value operator reading ``observation_keys`` (``["observation"]``
+    by default; several are flattened and concatenated in order), and ``"task_id"`` when
+    conditioned, and writing ``"state_value"``."""
+    keys = [OBSERVATION_KEY] if observation_keys is None else list(observation_keys)
+    module = value if len(keys) == 1 else ConcatenatedInputs(value, len(keys))
+    return ValueOperator(module, in_keys=network_in_keys(value, keys))
