@@ -25,35 +25,86 @@ from torch import nn
 from torchrl.envs import EnvBase
 
 from waddle.algorithms.checkpoint import CheckpointError
-from waddle.algorithms.presets import make_config, make_trainer, upgrade_config_fields
+from waddle.algorithms.ppo import ActorObservationError, check_actor_observation
+from waddle.algorithms.presets import make_config, make_env, make_trainer, upgrade_config_fields, upgrade_run_fields
 from waddle.algorithms.task_library import TaskLibraryError
+from waddle.envs.microduck.randomization import resolve_randomization
 from waddle.envs.rotations import wrap_angle
+from waddle.modules.networks import OBSERVATION_KEY
 from waddle.modules.task_embedding import TASK_ID_KEY, act
 from waddle.video import write_video
 
 
+def observation_key(policy: nn.Module) -> str:
+    """The env entry ``policy`` reads: ``"observation"``, or ``"sensor_observation"`` for a sensors policy."""
+    return getattr(policy, "observation_key", OBSERVATION_KEY)
+
+
+def trained_actor_observation(checkpoint: Mapping[str, Any]) -> str:
+    """What the checkpoint's actor reads: ``"full"`` or ``"sensors"`` (``"full"`` for every non-PPO
+    checkpoint and for those written before the choice existed)."""
+    algorithm = checkpoint.get("config", {}).get("algorithm", {})
+    return str(algorithm.get("actor_observation", "full")) if isinstance(algorithm, Mapping) else "full"
+
+
+def trained_randomization(checkpoint: Mapping[str, Any]) -> str:
+    """The ``--randomization`` preset the checkpoint was trained under (``"none"`` for older ones)."""
+    run = checkpoint.get("config", {}).get("run")
+    return str(upgrade_run_fields(run)["randomization"]) if isinstance(run, Mapping) else "none"
+
+
 def policy_from_checkpoint(
-    checkpoint: Mapping[str, Any], env: EnvBase, device: torch.device | str = "cpu"
+    checkpoint: Mapping[str, Any],
+    env: EnvBase,
+    device: torch.device | str = "cpu",
+    *,
+    actor_observation: str | None = None,
 ) -> nn.Module:
     """Rebuild the trainer a checkpoint came from around ``env`` and return its deterministic policy.
 
     ``env`` only needs the observation and action specs of the training env
-    (any batch size and backend).
+    (any batch size and backend). When the checkpoint records its run and
+    ``env`` draws another randomization than the run did, the networks are built
+    on a one-env copy of the training env instead: a PPO critic reads the drawn
+    values, so its width follows the randomization (the policy does not).
+
+    Args:
+        checkpoint: a loaded checkpoint.
+        env: the env the policy will run in.
+        device: where the policy lives.
+        actor_observation: when given, the observation the caller will feed
+            (``"full"`` or ``"sensors"``); a checkpoint trained on the other is refused.
 
     Raises:
-        CheckpointError: the checkpoint's config or state does not rebuild its trainer, or
-            it was trained on another task library than ``env``'s.
+        CheckpointError: the checkpoint's config or state does not rebuild its trainer, it
+            was trained on another task library than ``env``'s, or its actor reads another
+            observation than ``actor_observation``.
     """
     algo = checkpoint["algo"]
+    if actor_observation is not None:
+        try:
+            check_actor_observation(trained_actor_observation(checkpoint), actor_observation)
+        except ActorObservationError as err:
+            raise CheckpointError(str(err)) from None
+    run = checkpoint.get("config", {}).get("run")
+    built_on, spare = env, None
+    randomization = getattr(env, "randomization", None)
+    if isinstance(run, Mapping) and "task" in run and randomization is not None:
+        trained = trained_randomization(checkpoint)
+        if randomization != resolve_randomization(trained):
+            built_on = spare = make_env(run["task"], num_envs=1, seed=0, randomization=trained)
     try:
         config = make_config(algo, upgrade_config_fields(algo, checkpoint["config"]["algorithm"]))
-        trainer = make_trainer(algo, env, config, device)
+        trainer = make_trainer(algo, built_on, config, device)
         trainer.load_state_dict(checkpoint["trainer"])
-    except TaskLibraryError as err:
+    except (TaskLibraryError, ActorObservationError) as err:
         raise CheckpointError(str(err)) from None
     except (KeyError, TypeError, ValueError, RuntimeError) as err:
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise CheckpointError(f"the checkpoint's {algo} state does not fit its config: {reason[:200]}") from None
+    finally:
+        if spare is not None:
+            spare.close()
     return trainer.deterministic_policy()
 
 
@@ -157,7 +208,8 @@ def evaluate(
             as well, hop heights are measured.
         policy: ``observation -> action``, or ``(observation, task_id) ->
             action`` for a task-conditioned policy (``reads_task_id``), which
-            gets the env's ``"task_id"`` entry.
+            gets the env's ``"task_id"`` entry. It is fed the env entry its
+            ``observation_key`` names (``"observation"`` without one).
         command: pin this planar command at reset in every env (it must lie
             in each env's task box); by default each env draws its own.
         task_id: reset every env into this task of the env's library; by
@@ -171,6 +223,7 @@ def evaluate(
         the :class:`EvaluationResult`.
     """
     num_envs = env.batch_size[0]
+    key = observation_key(policy)
     max_steps = int(max_steps or getattr(env, "max_episode_steps", 1000))
     velocity_start = env.BODY_VELOCITY_START
     device = next(iter(policy.buffers()), torch.zeros(())).device
@@ -214,7 +267,7 @@ def evaluate(
             if renderer is not None and running[0]:
                 frames.append(renderer.render(env.physics.qpos[:1], camera=camera)[0].numpy())
             task = td.get(TASK_ID_KEY, None)
-            action = act(policy, td["observation"].to(device), None if task is None else task.to(device))
+            action = act(policy, td[key].to(device), None if task is None else task.to(device))
             td = env.step(td.set("action", action.to(env.device)))
             out = td["next"]
             velocity = out["observation"][:, velocity_start : velocity_start + 2].float().cpu()
@@ -343,7 +396,7 @@ def film(
         for _ in range(frames):
             images.append(renderer.render(env.physics.qpos[:1], camera=getattr(env, "camera_id", None))[0].numpy())
             task = td.get(TASK_ID_KEY, None)
-            action = act(policy, td["observation"].to(device), None if task is None else task.to(device))
+            action = act(policy, td[observation_key(policy)].to(device), None if task is None else task.to(device))
             action = action.to(env.device)
             _, td = env.step_and_maybe_reset(td.set("action", action))
     write_video(path, images, fps=round(1.0 / env.control_dt))

@@ -40,7 +40,7 @@ NETWORK_STATES: dict[str, tuple[str, ...]] = {
 """Per algorithm: the trainer attributes (and ``state_dict`` entries) holding its networks."""
 
 NETWORK_FIELDS: dict[str, tuple[str, ...]] = {
-    "ppo": ("actor_hidden_sizes", "critic_hidden_sizes"),
+    "ppo": ("actor_hidden_sizes", "critic_hidden_sizes", "actor_observation"),
     "shac": (
         "actor_hidden_sizes",
         "critic_hidden_sizes",
@@ -170,6 +170,15 @@ def load_weights(trainer: Any, algo: str, source: Mapping[str, Any], *, path: st
         raise InitFromError(
             f"--init-from {path}: the source's {first} writes {source_act} actions, this env takes {act}."
         )
+    for name in NETWORK_STATES[algo][1:]:
+        (source_in, _), (target_in, _) = network_widths(source_state[name]), network_widths(target_state[name])
+        if source_in != target_in:
+            # PPO's critic reads the drawn randomization values beside the observation when the env reports them.
+            raise InitFromError(
+                f"--init-from {path}: the source's {name} reads {source_in} values, this run's reads {target_in}; "
+                "a critic reads the randomization values when the env draws them, so train with the source's "
+                "--randomization."
+            )
     report = InitFromReport()
     for name in NETWORK_STATES[algo]:
         state = _transfer(source_state[name], target_state[name], source_names, target_names, f"{name}", path, report)

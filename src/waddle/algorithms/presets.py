@@ -22,6 +22,7 @@ import torch
 
 from waddle.algorithms.trainer import Trainer
 from waddle.envs.microduck import MicroDuckEnv, MicroDuckTask
+from waddle.envs.microduck.randomization import PRESETS as RANDOMIZATION_PRESETS
 from waddle.physics import BACKENDS as PHYSICS_BACKENDS
 from waddle.physics import backend_class, differentiable_backends
 
@@ -120,10 +121,13 @@ def make_env(
             planar command ``(vx, vy)`` instead of its own box (``waddle eval
             --command``); the rest of each task (reward, gait clock and
             prior) is unchanged.
-        **kwargs: forwarded to :class:`MicroDuckEnv`.
+        **kwargs: forwarded to :class:`MicroDuckEnv` (``randomization``: a name of
+            :data:`RANDOMIZATIONS`, or anything that class takes).
     """
     _choice("task", task, TASKS)
     _choice("backend", backend, BACKENDS)
+    if isinstance(kwargs.get("randomization"), str):
+        _choice("randomization", kwargs["randomization"], RANDOMIZATIONS)
     if differentiable:
         # Only the asked-for backend is imported here: reading every class's flag
         # at import time would load JAX and mujoco-torch for every CLI call.
@@ -160,6 +164,20 @@ ADDED_FIELDS: dict[str, Any] = {"task_embedding_dim": 0}
 """Config fields added since checkpoints were first written -> the value that reproduces what
 a checkpoint without the field was trained with (no field: no task conditioning)."""
 
+ADDED_ALGORITHM_FIELDS: dict[str, dict[str, Any]] = {"ppo": {"actor_observation": "full"}}
+"""As :data:`ADDED_FIELDS`, per ``--algo`` for the fields only that algorithm has (no
+``actor_observation``: the actor read the full observation)."""
+
+ADDED_RUN_FIELDS: dict[str, Any] = {"randomization": "none"}
+"""Run-config (``TrainConfig``) fields added since checkpoints were first written -> the value
+a checkpoint without the field was trained with (no field: no randomization)."""
+
+RANDOMIZATIONS: tuple[str, ...] = tuple(RANDOMIZATION_PRESETS)
+"""``--randomization`` names: presets of :class:`~waddle.envs.microduck.MicroDuckRandomization`."""
+
+ACTOR_OBSERVATIONS: tuple[str, ...] = ("full", "sensors")
+"""``--actor-observation`` names: what a PPO actor reads (see ``waddle.algorithms.ppo.ACTOR_OBSERVATIONS``)."""
+
 
 def upgrade_config_fields(algo: str, fields: Mapping[str, Any]) -> dict[str, Any]:
     """``fields`` (an algorithm config as a dictionary) with old field names renamed (see
@@ -185,7 +203,21 @@ def upgrade_config_fields(algo: str, fields: Mapping[str, Any]) -> dict[str, Any
         if new in upgraded or (new != name and new in values):
             raise ValueError(f"the {algo} config has both {name!r} and its new name {new!r}; keep only {new!r}.")
         upgraded[new] = value
-    for name, value in ADDED_FIELDS.items():
+    for name, value in {**ADDED_FIELDS, **ADDED_ALGORITHM_FIELDS.get(algo, {})}.items():
+        upgraded.setdefault(name, value)
+    return upgraded
+
+
+def upgrade_run_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """A run config (``TrainConfig`` as a dictionary) with the fields added since filled in
+    (:data:`ADDED_RUN_FIELDS`), so that older checkpoints resume and evaluate as trained.
+
+    Example:
+        >>> upgrade_run_fields({"task": "walk"})
+        {'task': 'walk', 'randomization': 'none'}
+    """
+    upgraded = dict(fields)
+    for name, value in ADDED_RUN_FIELDS.items():
         upgraded.setdefault(name, value)
     return upgraded
 

@@ -38,6 +38,7 @@ from torchrl.record.loggers import Logger
 
 from waddle.algorithms.checkpoint import atomic_write, save_checkpoint
 from waddle.algorithms.loggers import LOGGERS
+from waddle.algorithms.presets import RANDOMIZATIONS
 from waddle.algorithms.trainer import Trainer
 
 CHECKPOINT_FILE = "checkpoint.pt"
@@ -66,6 +67,9 @@ class TrainConfig:
     """Training algorithm."""
     backend: str = "mujoco"
     """Physics backend of the env."""
+    randomization: str = "none"
+    """Domain randomization, latency and sensor noise of the training env: 'none' (the idealized robot) or
+    'upstream' (the microduck_rl training's ranges; see docs/microduck.md)."""
     num_envs: int = 256
     """Envs simulated in parallel."""
     total_steps: int = 1_500_000
@@ -97,6 +101,8 @@ class TrainConfig:
         for name in ("video_frames", "torch_threads"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}.")
+        if self.randomization not in RANDOMIZATIONS:
+            raise ValueError(f"randomization must be one of {', '.join(RANDOMIZATIONS)}; got {self.randomization!r}.")
         if self.logger not in LOGGERS:
             raise ValueError(f"logger must be one of {', '.join(LOGGERS)}; got {self.logger!r}.")
 

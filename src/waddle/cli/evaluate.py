@@ -10,6 +10,12 @@ and step frequency, and for a task that rewards hops (jump) the hop height,
 airborne fraction and hop frequency. A task-conditioned policy gets each
 env's task id. ``--csv`` writes the same rows to a CSV file; ``--video`` films
 the first env of the first row from the tracking camera.
+
+The envs draw the randomization the checkpoint was trained under
+(``--randomization`` overrides it) and the policy reads the observation it was
+trained on (``--actor-observation``, when given, must name that one: a policy
+trained on the robot's sensors cannot read the full observation, nor the
+reverse).
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from waddle.algorithms.checkpoint import CheckpointError, load_checkpoint
-from waddle.algorithms.presets import BACKENDS
+from waddle.algorithms.presets import ACTOR_OBSERVATIONS, BACKENDS, RANDOMIZATIONS
 from waddle.files import atomic_write
 
 
@@ -54,7 +60,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--seed", type=int, default=12345, metavar="S", help="seed of the evaluation envs (default 12345)"
     )
     parser.add_argument("--backend", choices=BACKENDS, help="physics backend (default: the one it was trained on)")
+    add_policy_arguments(parser)
+    parser.add_argument(
+        "--randomization",
+        choices=RANDOMIZATIONS,
+        help="domain randomization, latency and noise of the evaluation envs (default: the checkpoint's)",
+    )
     parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
+
+
+def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--actor-observation``, shared by ``waddle eval`` and ``waddle export``."""
+    parser.add_argument(
+        "--actor-observation",
+        choices=ACTOR_OBSERVATIONS,
+        help="the observation the policy must read: 'full' or 'sensors' (default: the one it was trained on; "
+        "a checkpoint trained on the other is refused)",
+    )
 
 
 def checkpoint_path(path: str | Path) -> Path:
@@ -64,7 +86,12 @@ def checkpoint_path(path: str | Path) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from waddle.algorithms.evaluation import evaluate_tasks, policy_from_checkpoint
+    from waddle.algorithms.evaluation import (
+        evaluate_tasks,
+        observation_key,
+        policy_from_checkpoint,
+        trained_randomization,
+    )
     from waddle.algorithms.presets import make_env
 
     for flag, value in (("--episodes", args.episodes), ("--max-steps", args.max_steps)):
@@ -78,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         checkpoint = load_checkpoint(path)
         run_config = checkpoint["config"]["run"]
+        randomization = args.randomization or trained_randomization(checkpoint)
         env = make_env(
             run_config["task"],
             num_envs=args.episodes,
@@ -86,8 +114,13 @@ def run(args: argparse.Namespace) -> int:
             device=args.device,
             max_episode_steps=args.max_steps,
             command=None if args.command is None else tuple(args.command),
+            randomization=randomization,
         )
-        policy = policy_from_checkpoint(checkpoint, env, args.device)
+        try:
+            policy = policy_from_checkpoint(checkpoint, env, args.device, actor_observation=args.actor_observation)
+        except BaseException:
+            env.close()
+            raise
     except CheckpointError as err:
         print(f"waddle eval: error: {err}", file=sys.stderr)
         return 1
@@ -101,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
         env.close()
     trained = f"{checkpoint['algo']}, task {run_config['task']}, {checkpoint['env_steps']} env steps"
     print(f"checkpoint {path} ({trained})")
+    print(f"policy reads {observation_key(policy)}; envs drawn with randomization {randomization!r}")
     print(
         f"{args.episodes} episodes of {args.max_steps} steps per task and command; "
         "speeds, drift and hops over the envs that did not fall"

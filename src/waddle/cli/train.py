@@ -32,14 +32,17 @@ from waddle.algorithms.checkpoint import CheckpointError, check_compatible, load
 from waddle.algorithms.init_from import InitFromError, check_network_config, inherited_fields, load_weights
 from waddle.algorithms.loggers import LOGGERS, make_logger, require_package
 from waddle.algorithms.presets import (
+    ACTOR_OBSERVATIONS,
     ALGORITHMS,
     BACKENDS,
+    RANDOMIZATIONS,
     TASK_TOTAL_STEPS,
     TASKS,
     make_config,
     make_env,
     make_trainer,
     upgrade_config_fields,
+    upgrade_run_fields,
 )
 from waddle.algorithms.runner import CHECKPOINT_FILE, CONFIG_FILE, CURVE_FILE, METRICS_FILE, Runner, TrainConfig
 from waddle.algorithms.trainer import Trainer
@@ -55,7 +58,14 @@ RESUMABLE_FIELDS = (
     "run.logger",
 )
 """Config fields ``--resume`` lets a run change; any other difference is refused."""
-CHOICES = {"task": tuple(TASKS), "algo": tuple(ALGORITHMS), "backend": BACKENDS, "logger": LOGGERS}
+CHOICES = {
+    "task": tuple(TASKS),
+    "algo": tuple(ALGORITHMS),
+    "backend": BACKENDS,
+    "logger": LOGGERS,
+    "randomization": RANDOMIZATIONS,
+    "actor_observation": ACTOR_OBSERVATIONS,
+}
 
 
 # ---------------------------------------------------------------------------
@@ -253,6 +263,7 @@ def resolve_config(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, 
         saved = checkpoint["config"]
         if not isinstance(saved, dict) or not {"run", "algorithm"} <= set(saved):
             raise CheckpointError(f"checkpoint {out / CHECKPOINT_FILE} has no run/algorithm config.")
+        saved["run"] = upgrade_run_fields(saved["run"])
         saved["algorithm"] = upgrade_config_fields(saved["run"].get("algo", "ppo"), saved["algorithm"])
         run = TrainConfig(**{**saved["run"], **run_flags})
         base = saved["algorithm"] if run.algo == saved["run"].get("algo") else {}
@@ -335,6 +346,7 @@ def run(args: argparse.Namespace) -> int:
             device=args.device,
             # PPO logs each weighted reward term (reward/<term>) from the env's diagnostics.
             diagnostics=not algorithm.differentiable,
+            randomization=run_config.randomization,
         )
     except (ValueError, ImportError) as err:
         return _error(str(err).splitlines()[0])
@@ -400,7 +412,14 @@ def _film(trainer: Trainer, run_config: TrainConfig, path: Path, device: str) ->
     """Film the deterministic policy in one env for ``video_frames`` control steps."""
     from waddle.algorithms.evaluation import film
 
-    env = make_env(run_config.task, num_envs=1, seed=run_config.seed + 1, backend=run_config.backend, device=device)
+    env = make_env(
+        run_config.task,
+        num_envs=1,
+        seed=run_config.seed + 1,
+        backend=run_config.backend,
+        device=device,
+        randomization=run_config.randomization,
+    )
     try:
         film(env, trainer.deterministic_policy(), path, frames=run_config.video_frames)
     finally:
