@@ -1,14 +1,23 @@
-"""``waddle export``: write a checkpoint's deterministic policy as an ONNX graph.
+"""``waddle export``: write a checkpoint's deterministic policy as an ONNX graph and its deployment sidecar.
 
-The graph maps one observation ``[1, 56]`` to one action ``[1, 14]`` with the
+The graph maps one observation ``[1, N]`` to one action ``[1, 14]`` with the
 observation normaliser baked in as constants, so a robot-side runtime feeds it
-raw observations. A policy trained on a library of several tasks also takes
+raw observations. The observation is the one the policy was trained on: the
+robot's sensor layout (``sensor_observation``, N = 53) for a policy trained
+with ``--actor-observation sensors``, the env's full observation (N = 56)
+otherwise. A policy trained on a library of several tasks also takes
 the task id, ``task_id`` ``[1, 1]`` int64, as a second input; the graph's
 metadata (``metadata_props``) lists the library's task names by id under
-``task_names`` (:func:`policy_metadata`, the one place a deployment sidecar
-should read them from). After writing, the graph is run in onnxruntime on
-random observations (and task ids) and compared with the torch policy; a
-mismatch is an error.
+``task_names`` (:func:`policy_metadata`). After writing, the graph is run in
+onnxruntime on random observations (and task ids) and compared with the torch
+policy; a mismatch is an error.
+
+Beside the graph (``policy.onnx`` -> ``policy.json``, or ``--sidecar``) goes a
+JSON sidecar (:mod:`waddle.deploy.sidecar`): the joint names in actuator
+order, the STAND pose, the action scale and control law, the control rate, the
+observation layout with indices and units, the command ranges, the gait clock
+and prior of each task, the latency it was trained with and the task names.
+``waddle sim2sim`` runs the policy from these two files alone.
 """
 
 from __future__ import annotations
@@ -24,7 +33,7 @@ import torch
 
 from waddle.algorithms.checkpoint import CheckpointError, atomic_write, load_checkpoint
 from waddle.algorithms.task_library import saved_task_library
-from waddle.cli.evaluate import checkpoint_path
+from waddle.cli.evaluate import add_policy_arguments, checkpoint_path
 from waddle.modules.task_embedding import reads_task_id
 
 INPUT_NAME = "observation"
@@ -38,6 +47,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--onnx", required=True, metavar="PATH", help="where to write the ONNX graph")
     parser.add_argument(
+        "--sidecar",
+        metavar="PATH",
+        help="where to write the JSON deployment sidecar (default: the --onnx path with .json)",
+    )
+    add_policy_arguments(parser)
+    parser.add_argument(
         "--samples", type=int, default=256, metavar="N", help="random observations of the parity check (default 256)"
     )
     parser.add_argument(
@@ -50,8 +65,7 @@ def policy_metadata(task_names: Sequence[str], policy: torch.nn.Module) -> dict[
 
     ``inputs`` lists the graph's input names in order; ``task_names`` is the
     JSON list of the library's task names, index = task id (present when the
-    policy reads the task id). A deployment sidecar file, when one is written,
-    should carry these same entries.
+    policy reads the task id). The deployment sidecar carries these same entries.
     """
     inputs = [INPUT_NAME, TASK_INPUT_NAME] if reads_task_id(policy) else [INPUT_NAME]
     metadata = {"inputs": json.dumps(inputs)}
@@ -135,28 +149,53 @@ def random_observations(policy: torch.nn.Module, observation_dim: int, samples: 
 
 
 def run(args: argparse.Namespace) -> int:
-    from waddle.algorithms.evaluation import policy_from_checkpoint
+    from waddle.algorithms.evaluation import observation_key, policy_from_checkpoint, trained_randomization
     from waddle.algorithms.presets import make_env
+    from waddle.deploy.contract import default_sidecar_path
+    from waddle.deploy.sidecar import build_sidecar, write_sidecar
 
     path = checkpoint_path(args.checkpoint)
     try:
         checkpoint = load_checkpoint(path)
         run_config = checkpoint["config"]["run"]
-        env = make_env(run_config["task"], num_envs=1, seed=0, backend="mujoco")
-        policy = policy_from_checkpoint(checkpoint, env)
+        randomization = trained_randomization(checkpoint)
+        # The training env's layout, randomization and latency are what the sidecar describes.
+        env = make_env(run_config["task"], num_envs=1, seed=0, backend="mujoco", randomization=randomization)
+        try:
+            policy = policy_from_checkpoint(checkpoint, env, actor_observation=args.actor_observation)
+        except BaseException:
+            env.close()
+            raise
     except CheckpointError as err:
         print(f"waddle export: error: {err}", file=sys.stderr)
         return 1
     except (KeyError, TypeError, ValueError) as err:
         print(f"waddle export: error: {path} cannot be exported: {str(err).splitlines()[0]}", file=sys.stderr)
         return 1
-    observation_dim = env.observation_spec["observation"].shape[-1]
+    key = observation_key(policy)
+    observation_dim = env.observation_spec[key].shape[-1]
     action_dim = env.action_spec.shape[-1]
     task_names = _task_names(checkpoint, env)
-    env.close()
     policy = policy.cpu()
+    metadata = policy_metadata(task_names, policy)
+    sidecar = build_sidecar(
+        env,
+        observation_key=key,
+        inputs=json.loads(metadata["inputs"]),
+        task_names=json.loads(metadata["task_names"]) if "task_names" in metadata else None,
+        training={
+            "checkpoint": str(path),
+            "algo": checkpoint["algo"],
+            "task": run_config["task"],
+            "randomization": randomization,
+            "actor_observation": "sensors" if key == "sensor_observation" else "full",
+            "env_steps": int(checkpoint["env_steps"]),
+        },
+        onnx_file=Path(args.onnx).name,
+    )
+    env.close()
 
-    export_onnx(policy, observation_dim, args.onnx, metadata=policy_metadata(task_names, policy))
+    export_onnx(policy, observation_dim, args.onnx, metadata=metadata)
     observations = random_observations(policy, observation_dim, args.samples)
     task_ids = None
     if reads_task_id(policy):  # every task's row is exercised: ids cycle through the library
@@ -166,12 +205,15 @@ def run(args: argparse.Namespace) -> int:
         message = f"{args.onnx} differs from the torch policy by {worst:.3g} > --atol {args.atol}"
         print(f"waddle export: error: {message}", file=sys.stderr)
         return 1
+    sidecar_path = Path(args.sidecar) if args.sidecar else default_sidecar_path(args.onnx)
+    write_sidecar(sidecar_path, sidecar)
     shapes = f"{INPUT_NAME} [1, {observation_dim}] -> {OUTPUT_NAME} [1, {action_dim}]"
     if task_ids is not None:
         shapes = (
             f"{INPUT_NAME} [1, {observation_dim}], {TASK_INPUT_NAME} [1, 1] int64 -> {OUTPUT_NAME} [1, {action_dim}]"
         )
-    print(f"wrote {args.onnx}: {shapes}, normaliser included")
+    print(f"wrote {args.onnx}: {shapes}, normaliser included; the observation is the env's {key!r}")
+    print(f"wrote {sidecar_path}: joints, STAND pose, action scale, control rate, observation layout, commands, gait")
     if task_ids is not None:
         print("task ids: " + ", ".join(f"{index} {name}" for index, name in enumerate(task_names)))
     what = "random observations" + (" and task ids" if task_ids is not None else "")

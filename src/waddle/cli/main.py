@@ -10,7 +10,8 @@ import sys
 COMMANDS = {
     "train": ("waddle.cli.train", "Train a MicroDuck policy (PPO, SHAC or APG)."),
     "eval": ("waddle.cli.evaluate", "Evaluate a checkpoint; optionally film it."),
-    "export": ("waddle.cli.export", "Export a checkpoint's policy to ONNX."),
+    "export": ("waddle.cli.export", "Export a checkpoint's policy to ONNX, with its deployment sidecar."),
+    "sim2sim": ("waddle.cli.sim2sim", "Run an exported ONNX policy in MuJoCo from its sidecar alone (no torch)."),
     "simulate": ("waddle.cli.simulate", "Simulate a batch of MicroDuck robots and report throughput."),
     "bench": ("waddle.cli.bench", "Measure env steps per second across batch sizes."),
     "info": ("waddle.cli.info", "Show versions, available backends and the MicroDuck model in use."),

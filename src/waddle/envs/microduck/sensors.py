@@ -99,6 +99,21 @@ SENSOR_FIELDS: dict[str, SensorField] = _layout(
 SENSOR_DIM: int = sum(field.size for field in SENSOR_FIELDS.values())
 """Width of the sensor observation (53)."""
 
+OBSERVATION_FIELDS: dict[str, SensorField] = _layout(
+    (
+        ("projected_gravity", 3, "1", "unit gravity direction (0, 0, -1) in the trunk frame"),
+        ("angular_velocity", 3, "rad/s", "free-joint angular velocity of the trunk, trunk frame"),
+        ("body_velocity", 3, "m/s", "free-joint linear velocity in the trunk frame (simulator ground truth)"),
+        ("command", 2, "m/s", "planar (vx, vy) velocity command, trunk heading frame"),
+        ("joint_position", NUM_JOINTS, "rad", "joint angle minus the STAND keyframe, in actuator order"),
+        ("joint_velocity", NUM_JOINTS, "rad/s", "joint angular velocity, in actuator order"),
+        ("gait_clock", 3, "1", "sin and cos of the gait phase, then a ramp from 0 to 1 over 0.4 s after reset"),
+        ("previous_action", NUM_JOINTS, "1", "the normalized action in [-1, 1] applied by the previous step"),
+    )
+)
+"""The layout of the env's noise-free ``"observation"`` (56 values, a critic's input), in the same form:
+what an exporter writes for a policy that reads it. Its ``body_velocity`` is not measured on the robot."""
+
 NOISY_FIELDS: dict[str, str] = {
     "projected_gravity": "gravity_noise",
     "gyro": "gyro_noise",
@@ -122,4 +137,12 @@ def sensor_layout() -> list[dict[str, Any]]:
     return [field.to_dict() for field in SENSOR_FIELDS.values()]
 
 
-__all__ = ["NOISY_FIELDS", "SENSOR_DIM", "SENSOR_FIELDS", "SensorField", "sensor_field", "sensor_layout"]
+__all__ = [
+    "NOISY_FIELDS",
+    "OBSERVATION_FIELDS",
+    "SENSOR_DIM",
+    "SENSOR_FIELDS",
+    "SensorField",
+    "sensor_field",
+    "sensor_layout",
+]
