@@ -310,3 +310,44 @@ def test_the_command_refuses_a_mismatched_pair_in_one_line(deployed, tmp_path, c
     assert len(lines) == 1 and lines[0].startswith("waddle sim2sim: error:") and "width 56" in lines[0]
     assert main(["sim2sim", str(tmp_path / "full.onnx")]) == 1  # no full.json beside it
     assert "full.json does not exist" in capsys.readouterr().err
+
+
+def test_a_multi_task_policy_gets_the_id_of_the_task_asked_for(tmp_path):
+    from waddle.cli.export import export_onnx
+    from waddle.modules.networks import GaussianPolicy, PolicyMean
+    from waddle.modules.normalizer import RunningNormalizer
+
+    tasks = [MicroDuckEnv.standing_task(), MicroDuckEnv.tracking_task(0.2), MicroDuckEnv.jump_task()]
+    env = MicroDuckEnv(tasks=tasks, num_envs=1, seed=0)
+    names = ["standing", "tracking+0.20", "jump"]
+    data = build_sidecar(env, observation_key="sensor_observation", inputs=["observation", "task_id"], task_names=names)
+    jump_frequency = float(env.tasks.gait_frequency_hz[2])
+    env.close()
+    assert data["task_names"] == names and [row["task_id"] for row in data["tasks"]] == [0, 1, 2]
+    sidecar = parse_sidecar(data)
+    torch.manual_seed(0)
+    network = GaussianPolicy(RunningNormalizer(53), 14, (16,), num_tasks=3, task_embedding_dim=4)
+    with torch.no_grad():
+        network.task_embedding.weight.mul_(50.0)  # tasks far apart: the id visibly changes the action
+    export_onnx(PolicyMean(network), 53, tmp_path / "mix.onnx")
+    policy = OnnxPolicy(tmp_path / "mix.onnx", sidecar)
+    assert policy.task_input == "task_id"
+    runner = Sim2Sim(sidecar, task="jump")
+    assert runner.task.task_id == 2 and runner.task.gait_frequency_hz == jump_frequency
+    observation = runner.reset()
+    assert runner.command.tolist() == [0.0, 0.0]  # the jump task's command box is the origin
+    actions = {task_id: policy(observation, task_id) for task_id in range(3)}
+    with torch.no_grad():
+        expected = PolicyMean(network)(torch.from_numpy(observation).float()[None], torch.tensor([[2]]))
+    np.testing.assert_allclose(actions[2], expected[0].numpy(), rtol=0, atol=1e-5)
+    assert not np.allclose(actions[0], actions[2])
+
+
+def test_a_command_outside_the_trained_range_is_run_with_a_warning(deployed, capsys):
+    from waddle.cli.main import main
+
+    argv = ["sim2sim", str(deployed / "policy.onnx"), "--episodes", "1", "--max-steps", "3", "--command", "0.5", "0"]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert "command vx +0.500" in captured.out
+    assert "outside task 'tracking+0.20''s trained range vx [+0.200, +0.200]" in captured.err

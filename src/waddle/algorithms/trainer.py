@@ -35,5 +35,6 @@ class Trainer(Protocol):
     def deterministic_policy(self) -> nn.Module:
         """The ``observation -> action`` module to evaluate and export: normaliser inside,
         mean action clamped to the action bounds, in eval mode. A task-conditioned one
-        (``reads_task_id``) is ``(observation, task_id) -> action``."""
+        (``reads_task_id``) is ``(observation, task_id) -> action``; one that reads another
+        env entry than ``"observation"`` names it in ``observation_key``."""
         ...
