@@ -317,8 +317,8 @@ def test_every_config_field_has_a_documented_flag():
 @pytest.mark.parametrize(
     ("argv", "steps"),
     [
-        (["--task", "walk"], 3_000_000),  # walking takes longer than standing
-        (["--task", "speed-range"], 3_000_000),
+        (["--task", "walk"], 6_000_000),  # walking takes longer than standing
+        (["--task", "speed-range"], 6_000_000),
         (["--task", "standing"], 1_500_000),
         (["--task", "walk", "--total-steps", "4096"], 4096),  # a given flag wins
     ],

@@ -77,7 +77,7 @@ class TrainConfig:
 
     The default is about 13 minutes of PPO on 2 idle CPU cores (~2,000 env
     steps/s); PPO's standing policy holds 500-step episodes after ~262k steps.
-    ``waddle train`` gives the walking tasks 3M when the flag is left out
+    ``waddle train`` gives the walking tasks 6M when the flag is left out
     (``presets.TASK_TOTAL_STEPS``).
     """
     seed: int = 0
