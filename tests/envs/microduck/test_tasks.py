@@ -15,6 +15,7 @@ from waddle.envs.microduck.tasks import (
     sidestep_task,
     speed_range_task,
     standing_task,
+    task_table,
     tracking_task,
 )
 
@@ -275,3 +276,19 @@ def test_as_task_library_checks_rows_of_a_prebuilt_stack():
     library.command_low[1, 0] = 0.5  # now above command_high in vx
     with pytest.raises(ValueError, match=r"task \['tracking\+0.20'\]: command_low must be <= command_high"):
         as_task_library(library)
+
+
+def test_task_table_gathers_the_rows_of_the_library_without_names():
+    library = as_task_library([tracking_task(0.2), jump_task(), standing_task()])
+    table = task_table(library)
+    task_id = torch.tensor([2, 0, 0, 1, 2])
+    rows = table[task_id]
+    assert "name" not in rows.keys()
+    assert rows.batch_size == torch.Size([5])
+    for i, task in enumerate(task_id.tolist()):
+        row = library[task]
+        assert torch.equal(rows["reward_weights"][i], row.reward_weights)
+        assert torch.equal(rows["command_high"][i], row.command_high)
+        assert torch.equal(rows["gait_prior_lift"][i], row.gait_prior_lift)
+        for key in REWARD_PARAMS:
+            assert torch.equal(rows["params", key][i], row.params[key])

@@ -210,6 +210,9 @@ class MicroDuckEnv(MujocoEnv):
         self.max_episode_steps = max_episode_steps
         library = presets.tracking_task() if tasks is None else tasks
         self.tasks = presets.as_task_library(library).to(self.device)
+        # Rows are gathered per env at every reset; the library's names (a
+        # stack of strings) cost far more to index than all its tensors.
+        self._task_table = presets.task_table(self.tasks)
         self._configure_from_model()
         self._allocate_episode_state()
         self._allocate_randomization_state()
@@ -256,7 +259,7 @@ class MicroDuckEnv(MujocoEnv):
         n, j = self.num_envs, self.NUM_JOINTS
         zeros = lambda *shape, dtype=self.dtype: torch.zeros(*shape, dtype=dtype, device=self.device)  # noqa: E731
         self._task_id = zeros(n, dtype=torch.long)
-        self._episode_task = self.tasks[self._task_id]
+        self._episode_task = self._task_table[self._task_id]
         self._command = zeros(n, 2)
         self._step_count = zeros(n, dtype=torch.long)
         self._previous_action = zeros(n, j)
@@ -383,10 +386,9 @@ class MicroDuckEnv(MujocoEnv):
 
     def _gait_clock(self) -> tuple[torch.Tensor, torch.Tensor]:
         elapsed = self._step_count.to(self.dtype) * self.control_dt
-        frequency = (
-            self._episode_task.gait_frequency_hz
-            + self._episode_task.gait_frequency_per_mps * self._command.norm(dim=-1)
-        )
+        frequency = self._episode_task["gait_frequency_hz"] + self._episode_task[
+            "gait_frequency_per_mps"
+        ] * self._command.norm(dim=-1)
         phase = self.GAIT_PHASE_OFFSET + 2.0 * math.pi * frequency * elapsed
         ramp = (elapsed / self.GAIT_RAMP_DURATION_S).clamp(max=1.0)
         return phase, ramp
@@ -410,9 +412,9 @@ class MicroDuckEnv(MujocoEnv):
         phase, ramp = self._gait_clock()
         direction = torch.where(self._command[:, 0] < 0, -1.0, 1.0).to(self.dtype)
         swing = direction * torch.sin(phase)
-        lift = (task.gait_prior_lift * ramp).unsqueeze(-1)
+        lift = (task["gait_prior_lift"] * ramp).unsqueeze(-1)
         lifts = torch.stack((swing.clamp(min=0.0), (-swing).clamp(min=0.0)), dim=-1) * lift
-        stride = task.gait_prior_stride_per_mps * self._command[:, 0] * torch.cos(phase) * ramp
+        stride = task["gait_prior_stride_per_mps"] * self._command[:, 0] * torch.cos(phase) * ramp
         return lifts @ self._swing_lift + stride.unsqueeze(-1) * self._stride
 
     def _observation(self, qpos: torch.Tensor, qvel: torch.Tensor) -> torch.Tensor:
@@ -490,7 +492,7 @@ class MicroDuckEnv(MujocoEnv):
         rows = torch.ones(self.num_envs, dtype=torch.bool, device=self.device) if mask is None else mask
 
         task_id = self._draw_task_id(tensordict, rows)
-        episode_task = self.tasks[task_id]
+        episode_task = self._task_table[task_id]
         command = self._draw_command(tensordict, episode_task, rows)
         qpos, qvel = self._initial_state(episode_task, command)
         self._draw_randomization(rows)
@@ -498,7 +500,7 @@ class MicroDuckEnv(MujocoEnv):
 
         column = rows.unsqueeze(-1)
         self._task_id = torch.where(rows, task_id, self._task_id)
-        self._episode_task = self.tasks[self._task_id]
+        self._episode_task = self._task_table[self._task_id]
         self._command = torch.where(column, command, self._command)
         self._step_count = torch.where(rows, torch.zeros_like(self._step_count), self._step_count)
         self._previous_action = torch.where(column, torch.zeros_like(self._previous_action), self._previous_action)
@@ -583,9 +585,9 @@ class MicroDuckEnv(MujocoEnv):
         return torch.multinomial(self.tasks.weight, self.num_envs, replacement=True, generator=self.rng)
 
     def _draw_command(
-        self, tensordict: TensorDictBase | None, episode_task: MicroDuckTask, rows: torch.Tensor
+        self, tensordict: TensorDictBase | None, episode_task: TensorDictBase, rows: torch.Tensor
     ) -> torch.Tensor:
-        low, high = episode_task.command_low, episode_task.command_high
+        low, high = episode_task["command_low"], episode_task["command_high"]
         if tensordict is not None and "command" in tensordict.keys():
             command = tensordict["command"].to(self.device, self.dtype)
             if command.shape != (self.num_envs, 2) or not torch.isfinite(command[rows]).all():
@@ -608,24 +610,25 @@ class MicroDuckEnv(MujocoEnv):
         """Uniform samples in [-1, 1) from the env's generator."""
         return 2.0 * torch.rand(*shape, generator=self.rng, device=self.device, dtype=self.dtype) - 1.0
 
-    def _initial_state(self, episode_task: MicroDuckTask, command: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _initial_state(self, episode_task: TensorDictBase, command: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         n = self.num_envs
         qpos = self._home_qpos.expand(n, -1).clone()
         qvel = torch.zeros(n, self.physics.nv, dtype=self.dtype, device=self.device)
         if self.reset_noise_scale > 0:
             qpos[:, :2] += self.reset_noise_scale * self._uniform(n, 2)
             qvel += self.reset_noise_scale * self._uniform(n, self.physics.nv)
-        qpos[:, 7:] += episode_task.joint_reset_noise_scale.unsqueeze(-1) * self._uniform(n, self.NUM_JOINTS)
+        qpos[:, 7:] += episode_task["joint_reset_noise_scale"].unsqueeze(-1) * self._uniform(n, self.NUM_JOINTS)
 
         # Warm start: a fraction of the moving tasks' envs start already moving
         # along the command, so walking is seen before it is discovered.
-        speed_low, speed_high = episode_task.warm_start_velocity.unbind(-1)
+        speed_low, speed_high = episode_task["warm_start_velocity"].unbind(-1)
         speed = speed_low + torch.rand(n, generator=self.rng, device=self.device, dtype=self.dtype) * (
             speed_high - speed_low
         )
         planar_speed = command.norm(dim=-1)
         warm = (
-            torch.rand(n, generator=self.rng, device=self.device, dtype=self.dtype) < episode_task.warm_start_fraction
+            torch.rand(n, generator=self.rng, device=self.device, dtype=self.dtype)
+            < episode_task["warm_start_fraction"]
         )
         warm &= planar_speed > self.COMMAND_THRESHOLD
         direction_body = torch.nn.functional.pad(command / planar_speed.clamp_min(1e-8).unsqueeze(-1), (0, 1))
@@ -663,8 +666,8 @@ class MicroDuckEnv(MujocoEnv):
         features = self.reward_features(TensorDict(qpos=qpos, qvel=qvel, batch_size=self.batch_size), clipped)
         features["fallen"] = features["fallen"] | nonfinite
         weighted = rewards.weighted_terms(
-            rewards.evaluate_terms(features, self._episode_task.params),
-            self._episode_task.reward_weights,
+            rewards.evaluate_terms(features, self._episode_task["params"]),
+            self._episode_task["reward_weights"],
             self.control_dt,
         )
         terminated = features["fallen"]

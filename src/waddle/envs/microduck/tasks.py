@@ -33,6 +33,7 @@ __all__ = [
     "sidestep_task",
     "speed_range_task",
     "standing_task",
+    "task_table",
     "tracking_task",
 ]
 
@@ -369,6 +370,18 @@ def as_task_library(tasks: MicroDuckTask | Sequence[MicroDuckTask] | None = None
             f"tasks: the task weights {library.weight.tolist()} sum to zero; at least one must be positive."
         )
     return library
+
+
+def task_table(library: MicroDuckTask) -> TensorDict:
+    """The library's tensors without its names: a ``(num_tasks,)`` TensorDict to gather rows from.
+
+    An env indexes its library with one task id per env at every reset;
+    ``table[task_id]`` costs a few tensor gathers, where indexing the
+    tensorclass also copies a stack of ``num_envs`` name strings.
+    """
+    table = library.to_tensordict()
+    del table["name"]
+    return table
 
 
 def _check_stackable(tasks: Sequence[Any]) -> None:
