@@ -254,13 +254,18 @@ class MicroDuckEnv(MujocoEnv):
         self._swing_lift = pattern((constants.SWING_LIFT_LEFT, constants.SWING_LIFT_RIGHT))
         self._stride = pattern(constants.STRIDE)
         self._standing_height = float(key.qpos[2])
+        self._standing_heights = torch.full(
+            (self.num_envs,), self._standing_height, dtype=self.dtype, device=self.device
+        )
 
     def _allocate_episode_state(self) -> None:
         n, j = self.num_envs, self.NUM_JOINTS
         zeros = lambda *shape, dtype=self.dtype: torch.zeros(*shape, dtype=dtype, device=self.device)  # noqa: E731
         self._task_id = zeros(n, dtype=torch.long)
         self._episode_task = self._task_table[self._task_id]
+        self._episode_params = dict(self._episode_task["params"].items())
         self._command = zeros(n, 2)
+        self._gait_frequency = self._clock_frequency()
         self._step_count = zeros(n, dtype=torch.long)
         self._previous_action = zeros(n, j)
         self._contacts = zeros(n, 2, dtype=torch.bool)
@@ -384,12 +389,14 @@ class MicroDuckEnv(MujocoEnv):
         """A ``(num_envs,)`` tensor of trunk yaw angles in radians, in ``(-pi, pi]``."""
         return heading(self.physics.qpos[:, 3:7].to(self.dtype))
 
+    def _clock_frequency(self) -> torch.Tensor:
+        """Each env's gait clock frequency in Hz: fixed by its task and command for the episode."""
+        task = self._episode_task
+        return task["gait_frequency_hz"] + task["gait_frequency_per_mps"] * self._command.norm(dim=-1)
+
     def _gait_clock(self) -> tuple[torch.Tensor, torch.Tensor]:
         elapsed = self._step_count.to(self.dtype) * self.control_dt
-        frequency = self._episode_task["gait_frequency_hz"] + self._episode_task[
-            "gait_frequency_per_mps"
-        ] * self._command.norm(dim=-1)
-        phase = self.GAIT_PHASE_OFFSET + 2.0 * math.pi * frequency * elapsed
+        phase = self.GAIT_PHASE_OFFSET + 2.0 * math.pi * self._gait_frequency * elapsed
         ramp = (elapsed / self.GAIT_RAMP_DURATION_S).clamp(max=1.0)
         return phase, ramp
 
@@ -417,34 +424,49 @@ class MicroDuckEnv(MujocoEnv):
         stride = task["gait_prior_stride_per_mps"] * self._command[:, 0] * torch.cos(phase) * ramp
         return lifts @ self._swing_lift + stride.unsqueeze(-1) * self._stride
 
-    def _observation(self, qpos: torch.Tensor, qvel: torch.Tensor) -> torch.Tensor:
+    def _read_state(self, qpos: torch.Tensor, qvel: torch.Tensor) -> dict[str, torch.Tensor]:
+        """What the observation, the sensors, the reward features and the diagnostics share, computed once."""
         quaternion = qpos[:, 3:7]
         phase, ramp = self._gait_clock()
+        return {
+            "qpos": qpos,
+            "qvel": qvel,
+            "quaternion": quaternion,
+            "gravity": projected_gravity(quaternion),
+            "body_velocity": rotate_inverse(quaternion, qvel[:, :3]),
+            "joint_error": qpos[:, 7:] - self._home_qpos[7:],
+            "phase": phase,
+            "clock": torch.stack([phase.sin(), phase.cos(), ramp], dim=-1),
+        }
+
+    def _observation(self, state: dict[str, torch.Tensor]) -> torch.Tensor:
+        qvel = state["qvel"]
         return torch.cat(
             [
-                projected_gravity(quaternion),
+                state["gravity"],
                 qvel[:, 3:6],
-                rotate_inverse(quaternion, qvel[:, :3]),
+                state["body_velocity"],
                 self._command,
-                qpos[:, 7:] - self._home_qpos[7:],
+                state["joint_error"],
                 qvel[:, 6:],
-                torch.stack([phase.sin(), phase.cos(), ramp], dim=-1),
+                state["clock"],
                 self._previous_action,
             ],
             dim=-1,
         )
 
     def _sensor_observation(
-        self, qpos: torch.Tensor, qvel: torch.Tensor, reset_rows: torch.Tensor | None = None
+        self, state: dict[str, torch.Tensor], reset_rows: torch.Tensor | None = None
     ) -> torch.Tensor:
         """What the robot measures after a step, or at a reset of ``reset_rows`` (layout: ``SENSOR_FIELDS``).
 
         At a reset the delay lines of the reset envs are filled with the current
         readings and the other envs keep the sensor observation they had.
         """
-        n = qpos.shape[0]
+        qvel = state["qvel"]
+        n = qvel.shape[0]
         # Row vectors times the IMU's axes: each reading expressed in the IMU frame.
-        body = torch.stack([projected_gravity(qpos[:, 3:7]), qvel[:, 3:6]], dim=1)
+        body = torch.stack([state["gravity"], qvel[:, 3:6]], dim=1)
         imu = (body @ self._imu_rotation).reshape(n, 6)
         joint_velocity = qvel[:, 6:]
         lines = ((self._imu_line, imu), (self._joint_velocity_line, joint_velocity))
@@ -458,14 +480,13 @@ class MicroDuckEnv(MujocoEnv):
                 line.fill(value, reset_rows)
                 delayed.append(line.read())
         imu, joint_velocity = delayed
-        phase, ramp = self._gait_clock()
         sensor = torch.cat(
             [
                 imu,
                 self._command,
-                qpos[:, 7:] + self._joint_offset - self._home_qpos[7:],
+                state["qpos"][:, 7:] + self._joint_offset - self._home_qpos[7:],
                 joint_velocity,
-                torch.stack([phase.sin(), phase.cos(), ramp], dim=-1),
+                state["clock"],
                 self._previous_action,
             ],
             dim=-1,
@@ -477,9 +498,9 @@ class MicroDuckEnv(MujocoEnv):
         self._sensor = sensor
         return sensor
 
-    def _fallen(self, qpos: torch.Tensor) -> torch.Tensor:
-        upright = -projected_gravity(qpos[:, 3:7])[:, 2]
-        return (qpos[:, 2] < self.MIN_HEIGHT_RATIO * self._standing_height) | (upright < self.MIN_UPRIGHT)
+    def _fallen(self, state: dict[str, torch.Tensor]) -> torch.Tensor:
+        upright = -state["gravity"][:, 2]
+        return (state["qpos"][:, 2] < self.MIN_HEIGHT_RATIO * self._standing_height) | (upright < self.MIN_UPRIGHT)
 
     # ------------------------------------------------------------------
     # Reset
@@ -501,7 +522,9 @@ class MicroDuckEnv(MujocoEnv):
         column = rows.unsqueeze(-1)
         self._task_id = torch.where(rows, task_id, self._task_id)
         self._episode_task = self._task_table[self._task_id]
+        self._episode_params = dict(self._episode_task["params"].items())
         self._command = torch.where(column, command, self._command)
+        self._gait_frequency = self._clock_frequency()
         self._step_count = torch.where(rows, torch.zeros_like(self._step_count), self._step_count)
         self._previous_action = torch.where(column, torch.zeros_like(self._previous_action), self._previous_action)
         self._air_time = torch.where(column, torch.zeros_like(self._air_time), self._air_time)
@@ -510,11 +533,11 @@ class MicroDuckEnv(MujocoEnv):
         self._foot_heights = self.foot_heights()
         self._reset_heading = torch.where(rows, self.heading().detach(), self._reset_heading)
 
-        qpos, qvel = self.physics.qpos, self.physics.qvel
-        out = self._observation_dict(qpos, qvel, reset_rows=rows)
+        state = self._read_state(self.physics.qpos, self.physics.qvel)
+        out = self._observation_dict(state, reset_rows=rows)
         if self.diagnostics:
             zeros = torch.zeros(self.num_envs, len(self.REWARD_TERMS), dtype=self.dtype, device=self.device)
-            out.update(self._diagnostics(qpos, qvel, zeros, torch.zeros_like(self._previous_action)))
+            out.update(self._diagnostics(state, zeros, torch.zeros_like(self._previous_action)))
         false = torch.zeros(self.num_envs, 1, dtype=torch.bool, device=self.device)
         out.update(done=false, terminated=false.clone(), truncated=false.clone())
         return TensorDict(out, batch_size=self.batch_size, device=self.device)
@@ -663,10 +686,12 @@ class MicroDuckEnv(MujocoEnv):
 
         self._step_count = self._step_count + 1
         self._update_contacts(nonfinite)
-        features = self.reward_features(TensorDict(qpos=qpos, qvel=qvel, batch_size=self.batch_size), clipped)
+        state = self._read_state(qpos, qvel)
+        features = self._reward_features(state, clipped)
         features["fallen"] = features["fallen"] | nonfinite
+        features.update(rewards.derived_features(features))
         weighted = rewards.weighted_terms(
-            rewards.evaluate_terms(features, self._episode_task["params"]),
+            rewards.evaluate_terms(features, self._episode_params),
             self._episode_task["reward_weights"],
             self.control_dt,
         )
@@ -674,9 +699,9 @@ class MicroDuckEnv(MujocoEnv):
         truncated = self._step_count >= self.max_episode_steps
         self._previous_action = clipped
 
-        out = self._observation_dict(qpos, qvel)
+        out = self._observation_dict(state)
         if self.diagnostics:
-            out.update(self._diagnostics(qpos, qvel, weighted, action))
+            out.update(self._diagnostics(state, weighted, action))
         out.update(
             reward=weighted.sum(-1, keepdim=True),
             terminated=terminated.unsqueeze(-1),
@@ -706,48 +731,44 @@ class MicroDuckEnv(MujocoEnv):
         heights = self.foot_heights()
         self._foot_heights = torch.where(nonfinite.unsqueeze(-1), torch.zeros_like(heights), heights)
 
-    def reward_features(self, state: TensorDictBase, action: torch.Tensor) -> TensorDictBase:
-        """The per-step features every reward term reads.
+    def reward_features(self, state: Mapping[str, torch.Tensor], action: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The per-step features every reward term reads, as a dict of ``(num_envs, ...)`` tensors.
 
         ``state`` holds ``qpos`` and ``qvel`` after the step and ``action`` is
         the normalized action that led there; contacts, air times and the
         previous action come from the env's current bookkeeping. See
         :func:`waddle.envs.microduck.rewards.register_reward` for the entries.
         """
-        qpos = state["qpos"].to(self.dtype)
-        qvel = state["qvel"].to(self.dtype)
-        quaternion = qpos[:, 3:7]
-        phase, _ = self._gait_clock()
-        n = qpos.shape[0]
-        return TensorDict(
-            {
-                "body_velocity": rotate_inverse(quaternion, qvel[:, :3]),
-                "angular_velocity": qvel[:, 3:6],
-                "upright": (-projected_gravity(quaternion)[:, 2]).clamp(-1.0, 1.0),
-                "base_height": qpos[:, 2],
-                "standing_height": torch.full((n,), self._standing_height, dtype=self.dtype, device=self.device),
-                "joint_error": qpos[:, 7:] - self._home_qpos[7:],
-                "joint_velocity": qvel[:, 6:],
-                "action": action.to(self.dtype),
-                "previous_action": self._previous_action,
-                "contacts": self._contacts,
-                "foot_heights": self._foot_heights,
-                "touchdown_air_time": self._touchdown_air_time,
-                "gait_phase": phase,
-                "heading_error": wrap_angle(heading(quaternion) - self._reset_heading),
-                "command": self._command,
-                "fallen": self._fallen(qpos),
-            },
-            batch_size=(n,),
-            device=self.device,
-        )
+        qpos, qvel = state["qpos"].to(self.dtype), state["qvel"].to(self.dtype)
+        return self._reward_features(self._read_state(qpos, qvel), action)
+
+    def _reward_features(self, state: dict[str, torch.Tensor], action: torch.Tensor) -> dict[str, torch.Tensor]:
+        qvel = state["qvel"]
+        return {
+            "body_velocity": state["body_velocity"],
+            "angular_velocity": qvel[:, 3:6],
+            "upright": (-state["gravity"][:, 2]).clamp(-1.0, 1.0),
+            "base_height": state["qpos"][:, 2],
+            "standing_height": self._standing_heights,
+            "joint_error": state["joint_error"],
+            "joint_velocity": qvel[:, 6:],
+            "action": action.to(self.dtype),
+            "previous_action": self._previous_action,
+            "contacts": self._contacts,
+            "foot_heights": self._foot_heights,
+            "touchdown_air_time": self._touchdown_air_time,
+            "gait_phase": state["phase"],
+            "heading_error": wrap_angle(heading(state["quaternion"]) - self._reset_heading),
+            "command": self._command,
+            "fallen": self._fallen(state),
+        }
 
     def _observation_dict(
-        self, qpos: torch.Tensor, qvel: torch.Tensor, reset_rows: torch.Tensor | None = None
+        self, state: dict[str, torch.Tensor], reset_rows: torch.Tensor | None = None
     ) -> dict[str, torch.Tensor]:
         out = {
-            "observation": self._observation(qpos, qvel),
-            "sensor_observation": self._sensor_observation(qpos, qvel, reset_rows),
+            "observation": self._observation(state),
+            "sensor_observation": self._sensor_observation(state, reset_rows),
             "command": self._command.clone(),
             "task_id": self._task_id.unsqueeze(-1).clone(),
         }
@@ -758,13 +779,13 @@ class MicroDuckEnv(MujocoEnv):
         return out
 
     def _diagnostics(
-        self, qpos: torch.Tensor, qvel: torch.Tensor, weighted: torch.Tensor, action: torch.Tensor
+        self, state: dict[str, torch.Tensor], weighted: torch.Tensor, action: torch.Tensor
     ) -> dict[str, torch.Tensor]:
         out = {f"diagnostic_reward_{name}": weighted[:, i : i + 1] for i, name in enumerate(self.REWARD_TERMS)}
-        body_velocity = rotate_inverse(qpos[:, 3:7], qvel[:, :3])
+        body_velocity = state["body_velocity"]
         pose = {
-            "height": qpos[:, 2],
-            "upright": -projected_gravity(qpos[:, 3:7])[:, 2],
+            "height": state["qpos"][:, 2],
+            "upright": -state["gravity"][:, 2],
             "body_velocity_x": body_velocity[:, 0],
             "body_velocity_y": body_velocity[:, 1],
             "body_velocity_z": body_velocity[:, 2],

@@ -1,11 +1,12 @@
 """MicroDuck reward terms: small pure functions in one ordered registry.
 
-A term reads the step's feature TensorDict and the episode's task parameters
-and returns one value per env::
+A term reads the step's features and the episode's task parameters and
+returns one value per env::
 
-    def term(features: TensorDict, params: TensorDict) -> Tensor  # shape (N,)
+    def term(features: Mapping[str, Tensor], params: Mapping[str, Tensor]) -> Tensor  # shape (N,)
 
-``features`` has batch size ``(N,)`` and the entries
+The env passes plain dicts of tensors (TensorDicts work the same way, and the
+tests use them); ``features`` holds, for ``N`` envs, the entries
 
 ========================  ==========  ==========================================
 key                       shape       meaning
@@ -30,6 +31,12 @@ key                       shape       meaning
 
 and ``params`` holds one ``(N,)`` entry per key of :data:`REWARD_PARAMS`.
 
+Several built-in terms share quantities derived from those entries (the
+speed along the command, the upright gate, the clock's swing foot). The env
+computes them once per step with :func:`derived_features` and adds them to
+``features``; the shared helpers read them there and compute them when they
+are missing, so a term also works on the entries above alone.
+
 :data:`REWARD_TERMS` is ordered: its order is the order of every task's
 ``reward_weights`` vector and of the columns of :func:`evaluate_terms`. The
 reward of a step is the row sum of :func:`weighted_terms`, and each column is
@@ -40,13 +47,14 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
 from tensordict import TensorDictBase
 
-TermFn = Callable[[TensorDictBase, TensorDictBase], torch.Tensor]
+Features = Mapping[str, torch.Tensor] | TensorDictBase
+TermFn = Callable[[Features, Features], torch.Tensor]
 
 COMMAND_THRESHOLD = 0.01
 """Planar command speed (m/s) at or under which a task counts as standing."""
@@ -153,7 +161,7 @@ def register_reward(
     return decorator
 
 
-def evaluate_terms(features: TensorDictBase, params: TensorDictBase) -> torch.Tensor:
+def evaluate_terms(features: Features, params: Features) -> torch.Tensor:
     """Unweighted value of every registered term, ``(N, num_terms)`` in registry order.
 
     A term that returns NaN or inf for an env whose features are all finite
@@ -161,7 +169,7 @@ def evaluate_terms(features: TensorDictBase, params: TensorDictBase) -> torch.Te
     non-finite feature (a diverged physics state, whose episode the env ends)
     are left as they are.
     """
-    batch = tuple(features.batch_size)
+    batch = tuple(features["upright"].shape)
     dtype = features["body_velocity"].dtype
     columns = []
     for name, term in REWARD_TERMS.items():
@@ -175,7 +183,10 @@ def evaluate_terms(features: TensorDictBase, params: TensorDictBase) -> torch.Te
     values = torch.stack(columns, dim=-1)
     bad = ~torch.isfinite(values.detach())
     if bad.any():  # one host sync per call; the rest only runs on a broken term
-        leaves = features.values(include_nested=True, leaves_only=True)
+        if isinstance(features, TensorDictBase):
+            leaves = features.values(include_nested=True, leaves_only=True)
+        else:
+            leaves = features.values()
         finite_state = torch.stack(
             [torch.isfinite(v.detach()).reshape(batch[0], -1).all(-1) for v in leaves if v.is_floating_point()],
             dim=-1,
@@ -221,14 +232,23 @@ def weighted_terms(term_values: torch.Tensor, weights: torch.Tensor, control_dt:
         )
     if not _is_finite_number(control_dt) or float(control_dt) <= 0:
         raise ValueError(f"control_dt must be a finite number of seconds > 0, got {control_dt!r}.")
-    control_dt = float(control_dt)
-    scale = torch.tensor(
-        [control_dt if term.per_second else 1.0 for term in REWARD_TERMS.values()],
-        dtype=term_values.dtype,
-        device=term_values.device,
-    )
+    scale = _time_scale(float(control_dt), term_values.dtype, term_values.device)
     weights = weights.to(term_values.dtype)
     return torch.where(weights != 0, term_values * weights * scale, torch.zeros_like(term_values))
+
+
+_TIME_SCALES: dict[tuple, torch.Tensor] = {}
+
+
+def _time_scale(control_dt: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Per-term factor of :func:`weighted_terms` (``control_dt`` for rates, else 1), built once per registry."""
+    per_second = tuple(term.per_second for term in REWARD_TERMS.values())
+    key = (per_second, control_dt, dtype, device)
+    scale = _TIME_SCALES.get(key)
+    if scale is None:
+        scale = torch.tensor([control_dt if rate else 1.0 for rate in per_second], dtype=dtype, device=device)
+        _TIME_SCALES[key] = scale
+    return scale
 
 
 def default_weights() -> dict[str, float]:
@@ -266,39 +286,69 @@ def _command_axis(command: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, to
     return torch.where(moving.unsqueeze(-1), axis, torch.zeros_like(axis)), speed, moving
 
 
-def _split_along_command(
-    vector: torch.Tensor, command: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def derived_features(features: Features) -> dict[str, torch.Tensor]:
+    """The quantities several built-in terms share, computed once from ``features``.
+
+    ========================  ==========  ==========================================
+    key                       shape       meaning
+    ========================  ==========  ==========================================
+    ``command_axis``          ``(N, 2)``  unit vector along the command, zero when standing
+    ``moving``                ``(N,)``    bool, the command is above :data:`COMMAND_THRESHOLD`
+    ``speed_ratio``           ``(N,)``    velocity along the command over its speed, unclipped; 0 when standing
+    ``upright_gate``          ``(N,)``    1 while the trunk is upright enough to step or hop, else 0
+    ``left_swings``           ``(N,)``    bool, the gait clock puts the left foot in swing
+    ========================  ==========  ==========================================
+
+    The env adds them to the features it passes to the terms. Shared helpers
+    read them and compute them when they are missing.
+    """
+    axis, speed, moving = _command_axis(features["command"])
+    along = (features["body_velocity"][..., :2] * axis).sum(-1)
+    ratio = along / speed.clamp_min(1e-8)
+    upright = features["upright"]
+    direction = torch.where(features["command"][..., 0] < 0, -1.0, 1.0)
+    return {
+        "command_axis": axis,
+        "moving": moving,
+        "speed_ratio": torch.where(moving, ratio, torch.zeros_like(ratio)),
+        "upright_gate": (upright >= GAIT_MIN_UPRIGHT).to(upright.dtype),
+        "left_swings": direction * torch.sin(features["gait_phase"]) > 0,
+    }
+
+
+def _derived(features: Features, key: str) -> torch.Tensor:
+    """``features[key]`` if the env derived it this step, else computed from the base entries."""
+    value = features.get(key, None)
+    return derived_features(features)[key] if value is None else value
+
+
+def _split_along_command(vector: torch.Tensor, features: Features) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Planar ``vector`` along the command, squared across it, and the moving mask.
 
     A standing command has no axis: along is zero and all of ``vector`` is across.
     """
-    axis, _, moving = _command_axis(command)
+    axis, moving = _derived(features, "command_axis"), _derived(features, "moving")
     along = (vector * axis).sum(-1)
     across = vector[..., 1] * axis[..., 0] - vector[..., 0] * axis[..., 1]
     return along, torch.where(moving, across.square(), vector.square().sum(-1)), moving
 
 
-def _speed_ratio(features: TensorDictBase) -> torch.Tensor:
+def _speed_ratio(features: Features) -> torch.Tensor:
     """Velocity along the command over the commanded speed, unclipped; zero when standing."""
-    axis, speed, moving = _command_axis(features["command"])
-    along = (features["body_velocity"][..., :2] * axis).sum(-1)
-    ratio = along / speed.clamp_min(1e-8)
-    return torch.where(moving, ratio, torch.zeros_like(ratio))
+    return _derived(features, "speed_ratio")
 
 
-def _progress_fraction(features: TensorDictBase) -> torch.Tensor:
+def _progress_fraction(features: Features) -> torch.Tensor:
     """Velocity along the command over the commanded speed, clipped to [-1, 1]; zero when standing."""
     return _speed_ratio(features).clamp(-1.0, 1.0)
 
 
-def _upright_gate(features: TensorDictBase) -> torch.Tensor:
+def _upright_gate(features: Features) -> torch.Tensor:
     """1 while the trunk is upright enough to step or hop, else 0."""
-    upright = features["upright"]
-    return (upright >= GAIT_MIN_UPRIGHT).to(upright.dtype)
+    return _derived(features, "upright_gate")
 
 
-def _stepping_gate(features: TensorDictBase, params: TensorDictBase) -> torch.Tensor:
+def _stepping_gate(features: Features, params: Features) -> torch.Tensor:
     """Gait credit: ``floor + (1 - floor) * progress`` (progress clipped to [0, 1]), while upright.
 
     Stepping in place keeps ``gait_progress_floor`` of the credit, so a policy
@@ -309,10 +359,9 @@ def _stepping_gate(features: TensorDictBase, params: TensorDictBase) -> torch.Te
     return (floor + (1.0 - floor) * progress) * _upright_gate(features)
 
 
-def _left_swings(features: TensorDictBase) -> torch.Tensor:
+def _left_swings(features: Features) -> torch.Tensor:
     """True where the gait clock puts the left foot in swing (mirrored for backward commands)."""
-    direction = torch.where(features["command"][..., 0] < 0, -1.0, 1.0)
-    return direction * torch.sin(features["gait_phase"]) > 0
+    return _derived(features, "left_swings")
 
 
 def _tilt_squared(upright: torch.Tensor) -> torch.Tensor:
@@ -333,34 +382,34 @@ def _tilt_squared(upright: torch.Tensor) -> torch.Tensor:
 
 
 @register_reward("tracking", weight=2.0, tracking_std=0.1, tracking_off_axis_std=0.05)
-def tracking(features: TensorDictBase, params: TensorDictBase) -> torch.Tensor:
+def tracking(features: Features, params: Features) -> torch.Tensor:
     """Gaussian of the planar velocity error, ``tracking_off_axis_std`` across the command (isotropic when standing)."""
     error = features["body_velocity"][..., :2] - features["command"]
-    along, across_sq, moving = _split_along_command(error, features["command"])
+    along, across_sq, moving = _split_along_command(error, features)
     across_std = torch.where(moving, params["tracking_off_axis_std"], params["tracking_std"])
     return torch.exp(-along.square() / params["tracking_std"].square() - across_sq / across_std.square())
 
 
 @register_reward("yaw_rate", weight=1.0, yaw_rate_std=0.5**0.5)
-def yaw_rate(features: TensorDictBase, params: TensorDictBase) -> torch.Tensor:
+def yaw_rate(features: Features, params: Features) -> torch.Tensor:
     """Gaussian of the yaw rate around zero."""
     return torch.exp(-features["angular_velocity"][..., 2].square() / params["yaw_rate_std"].square())
 
 
 @register_reward("upright", weight=2.0, upright_std=0.05**0.5)
-def upright(features: TensorDictBase, params: TensorDictBase) -> torch.Tensor:
+def upright(features: Features, params: Features) -> torch.Tensor:
     """Gaussian of the trunk tilt angle."""
     return torch.exp(-_tilt_squared(features["upright"]) / params["upright_std"].square())
 
 
 @register_reward("pose", weight=1.0, pose_std=0.5)
-def pose(features: TensorDictBase, params: TensorDictBase) -> torch.Tensor:
+def pose(features: Features, params: Features) -> torch.Tensor:
     """Gaussian of the mean squared joint error from the standing pose."""
     return torch.exp(-features["joint_error"].square().mean(-1) / params["pose_std"].square())
 
 
 @register_reward("progress", weight=2.0, progress_overspeed=0.0)
-def progress(features: TensorDictBase, params: TensorDictBase) -> torch.Tensor:
+def progress(features: Features, params: Features) -> torch.Tensor:
     """Linear in the velocity along the command, as a fraction of it in [-1, 1]; zero when standing.
 
     Past the command, ``progress_overspeed`` times the excess fraction is taken
@@ -373,7 +422,7 @@ def progress(features: TensorDictBase, params: TensorDictBase) -> torch.Tensor:
 
 
 @register_reward("air_time", weight=3.0, air_time_min=0.125, air_time_max=0.3, gait_progress_floor=0.5)
-def air_time(features: TensorDictBase, params: TensorDictBase) -> torch.Tensor:
+def air_time(features: Features, params: Features) -> torch.Tensor:
     """Air time of each landing foot inside ``[air_time_min, air_time_max]``, counted from the minimum."""
     low = params["air_time_min"].unsqueeze(-1)
     high = params["air_time_max"].unsqueeze(-1)
@@ -382,7 +431,7 @@ def air_time(features: TensorDictBase, params: TensorDictBase) -> torch.Tensor:
 
 
 @register_reward("swing_height", weight=2.0, swing_target_height=0.02)
-def swing_height(features: TensorDictBase, params: TensorDictBase) -> torch.Tensor:
+def swing_height(features: Features, params: Features) -> torch.Tensor:
     """Lift of the clock's swing foot as a fraction of ``swing_target_height``, capped at one."""
     left = _left_swings(features)
     swing = torch.stack((left, ~left), dim=-1)
@@ -391,7 +440,7 @@ def swing_height(features: TensorDictBase, params: TensorDictBase) -> torch.Tens
 
 
 @register_reward("phase_contact", weight=3.0)
-def phase_contact(features: TensorDictBase, params: TensorDictBase) -> torch.Tensor:
+def phase_contact(features: Features, params: Features) -> torch.Tensor:
     """1 on single support on the clock's stance foot, with the swing foot in the air."""
     left = _left_swings(features)
     expected = torch.stack((~left, left), dim=-1)
@@ -400,45 +449,45 @@ def phase_contact(features: TensorDictBase, params: TensorDictBase) -> torch.Ten
 
 
 @register_reward("double_support", weight=-1.0)
-def double_support(features: TensorDictBase, params: TensorDictBase) -> torch.Tensor:
+def double_support(features: Features, params: Features) -> torch.Tensor:
     """1 with both feet on the floor (a penalty under its negative weight)."""
     planted = features["contacts"].all(-1)
     return planted.to(features["upright"].dtype) * _stepping_gate(features, params)
 
 
 @register_reward("ang_vel_xy", weight=-0.05)
-def ang_vel_xy(features: TensorDictBase, params: TensorDictBase) -> torch.Tensor:
+def ang_vel_xy(features: Features, params: Features) -> torch.Tensor:
     """Squared roll and pitch rates."""
     return features["angular_velocity"][..., :2].square().sum(-1)
 
 
 @register_reward("lin_vel_z", weight=-2.0)
-def lin_vel_z(features: TensorDictBase, params: TensorDictBase) -> torch.Tensor:
+def lin_vel_z(features: Features, params: Features) -> torch.Tensor:
     """Squared vertical base velocity."""
     return features["body_velocity"][..., 2].square()
 
 
 @register_reward("action_rate", weight=-0.1)
-def action_rate(features: TensorDictBase, params: TensorDictBase) -> torch.Tensor:
+def action_rate(features: Features, params: Features) -> torch.Tensor:
     """Squared change of the action since the previous step."""
     return (features["action"] - features["previous_action"]).square().sum(-1)
 
 
 @register_reward("joint_velocity", weight=-0.001)
-def joint_velocity(features: TensorDictBase, params: TensorDictBase) -> torch.Tensor:
+def joint_velocity(features: Features, params: Features) -> torch.Tensor:
     """Squared joint velocities."""
     return features["joint_velocity"].square().sum(-1)
 
 
 @register_reward("drift", weight=0.0, drift_speed_scale=0.3)
-def drift(features: TensorDictBase, params: TensorDictBase) -> torch.Tensor:
+def drift(features: Features, params: Features) -> torch.Tensor:
     """Planar speed over ``drift_speed_scale``, capped at one: linear where tracking saturates."""
     speed = torch.linalg.vector_norm(features["body_velocity"][..., :2], dim=-1)
     return (speed / params["drift_speed_scale"]).clamp(max=1.0)
 
 
 @register_reward("hop_rhythm", weight=0.0, hop_velocity_amplitude=0.1)
-def hop_rhythm(features: TensorDictBase, params: TensorDictBase) -> torch.Tensor:
+def hop_rhythm(features: Features, params: Features) -> torch.Tensor:
     """Vertical velocity on the beat (up while cos(phase) > 0) over ``hop_velocity_amplitude``, in [-1, 1]."""
     beat = torch.sign(torch.cos(features["gait_phase"]))
     fraction = features["body_velocity"][..., 2] * beat / params["hop_velocity_amplitude"]
@@ -446,7 +495,7 @@ def hop_rhythm(features: TensorDictBase, params: TensorDictBase) -> torch.Tensor
 
 
 @register_reward("launch", weight=0.0, launch_velocity_scale=0.5)
-def launch(features: TensorDictBase, params: TensorDictBase) -> torch.Tensor:
+def launch(features: Features, params: Features) -> torch.Tensor:
     """Upward velocity with both feet planted over ``launch_velocity_scale``, in [0, 1]: the take-off."""
     planted = features["contacts"].all(-1).to(features["upright"].dtype)
     upward = (features["body_velocity"][..., 2] / params["launch_velocity_scale"]).clamp(0.0, 1.0)
@@ -454,7 +503,7 @@ def launch(features: TensorDictBase, params: TensorDictBase) -> torch.Tensor:
 
 
 @register_reward("jump", weight=0.0, jump_target_height=0.005)
-def jump(features: TensorDictBase, params: TensorDictBase) -> torch.Tensor:
+def jump(features: Features, params: Features) -> torch.Tensor:
     """Height above standing with both feet off the floor, full from ``jump_target_height`` on."""
     gain = ((features["base_height"] - features["standing_height"]) / params["jump_target_height"]).clamp(0.0, 1.0)
     airborne = (~features["contacts"].any(-1)).to(gain.dtype)
@@ -462,12 +511,12 @@ def jump(features: TensorDictBase, params: TensorDictBase) -> torch.Tensor:
 
 
 @register_reward("heading_hold", weight=0.0, heading_hold_std=0.5)
-def heading_hold(features: TensorDictBase, params: TensorDictBase) -> torch.Tensor:
+def heading_hold(features: Features, params: Features) -> torch.Tensor:
     """Gaussian of the heading change since reset: the command keeps the direction it had then."""
     return torch.exp(-features["heading_error"].square() / params["heading_hold_std"].square())
 
 
 @register_reward("termination", weight=-4.0, per_second=False)
-def termination(features: TensorDictBase, params: TensorDictBase) -> torch.Tensor:
+def termination(features: Features, params: Features) -> torch.Tensor:
     """1 on the step the trunk falls (a one-off penalty, not scaled by the control period)."""
     return features["fallen"].to(features["upright"].dtype)
