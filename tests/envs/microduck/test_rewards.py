@@ -17,6 +17,7 @@ from waddle.envs.microduck.rewards import (
     GAIT_TERMS,
     REWARD_PARAMS,
     REWARD_TERMS,
+    derived_features,
     evaluate_terms,
     register_reward,
     weighted_terms,
@@ -428,6 +429,49 @@ def test_gradients_are_finite_at_rest():
     weighted_terms(evaluate_terms(features, make_params(3)), weights, 0.02).sum().backward()
     for key in ("body_velocity", "angular_velocity", "upright", "joint_error", "action", "base_height"):
         assert torch.isfinite(features[key].grad).all(), key
+
+
+def test_derived_features_by_hand():
+    # Env 0 walks at 0.1 m/s under a 0.2 forward command, clock phase pi/2 (left swings);
+    # env 1 walks 0.3 m/s backward under a -0.2 command, phase pi/2 mirrored (right swings), tilted 80 degrees;
+    # env 2 stands (zero command) while sliding sideways.
+    features = make_features(
+        3,
+        command=[[0.2, 0.0], [-0.2, 0.0], [0.0, 0.0]],
+        body_velocity=[[0.1, 0.05, 0.0], [-0.3, 0.0, 0.0], [0.0, 0.4, 0.0]],
+        gait_phase=[math.pi / 2, math.pi / 2, 0.3],
+        upright=[1.0, math.cos(math.radians(80)), 1.0],
+    )
+    derived = derived_features(features)
+    torch.testing.assert_close(derived["command_axis"], torch.tensor([[1.0, 0.0], [-1.0, 0.0], [0.0, 0.0]]))
+    assert derived["moving"].tolist() == [True, True, False]
+    # 0.1 / 0.2 along the command; 0.3 / 0.2 along a backward command; standing has no ratio.
+    assert_values(derived["speed_ratio"], [0.5, 1.5, 0.0])
+    assert derived["upright_gate"].tolist() == [1.0, 0.0, 1.0]  # cos 80 deg = 0.17 < 0.35
+    assert derived["left_swings"].tolist() == [True, False, True]
+
+
+def test_terms_read_the_derived_features_the_env_adds():
+    features = make_features(
+        2,
+        command=[[0.2, 0.0], [0.0, 0.15]],
+        body_velocity=[[0.1, 0.02, 0.01], [0.03, 0.1, 0.0]],
+        contacts=[[False, True], [True, False]],  # the clock's stance foot down in both
+        foot_heights=[[0.01, 0.0], [0.0, 0.03]],
+        gait_phase=[0.4, -1.0],
+    )
+    params = make_params(2)
+    plain = evaluate_terms(features, params)
+    with_derived = dict(features.items())
+    with_derived.update(derived_features(features))
+    torch.testing.assert_close(evaluate_terms(with_derived, params), plain, rtol=0, atol=0)
+    # A stale derived entry is what the terms read: the env owns them.
+    with_derived["upright_gate"] = torch.zeros(2)
+    names = list(REWARD_TERMS)
+    gated = evaluate_terms(with_derived, params)
+    for name in ("air_time", "swing_height", "phase_contact", "double_support"):
+        assert gated[:, names.index(name)].abs().max() == 0.0, name
+    assert plain[:, names.index("phase_contact")].abs().max() > 0
 
 
 # ---------------------------------------------------------------------------
