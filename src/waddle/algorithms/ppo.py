@@ -430,7 +430,8 @@ class PPO:
         config = self.config
         with torch.no_grad():
             self.advantage_module(batch)
-        b_data = batch.reshape(-1)
+        # With the advantages in, the loss never reads the next step's entries: leave them out of the shuffles.
+        b_data = batch.exclude("next").reshape(-1)
         batch_size = b_data.numel()
         minibatch_size = batch_size // config.num_minibatches
         logged = {  # ClipPPOLoss output -> our metric name
@@ -445,9 +446,10 @@ class PPO:
         sums = dict.fromkeys([*logged.values(), "charts/kl", "charts/grad_norm"], 0.0)
         num_updates = 0
         for _epoch in range(config.num_epochs):
-            permutation = torch.randperm(batch_size, device=self.device)
+            # One gather per epoch; the minibatches are then contiguous slices of it.
+            shuffled = b_data[torch.randperm(batch_size, device=self.device)]
             for start in range(0, minibatch_size * config.num_minibatches, minibatch_size):
-                mb_data = b_data[permutation[start : start + minibatch_size]]
+                mb_data = shuffled[start : start + minibatch_size]
                 losses = self.loss_module(mb_data)
                 loss = sum(value for key, value in losses.items() if key.startswith("loss_"))
                 if not torch.isfinite(loss):
