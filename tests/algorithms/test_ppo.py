@@ -269,3 +269,24 @@ def test_ppo_on_microduck_logs_every_reward_term_summing_to_the_mean_reward():
     assert any(value != 0.0 for value in terms.values())
     # The env's reward is the sum of its weighted terms, so the means add up too.
     assert sum(terms.values()) == pytest.approx(metrics["charts/reward_mean"], rel=1e-5, abs=1e-6)
+
+
+def test_update_runs_on_update_threads_and_restores_the_rollout_setting(monkeypatch):
+    trainer = PPO(point_env(8), PPOConfig(num_steps=4, **TINY), update_threads=3)
+    seen = []
+    update = trainer.update
+    monkeypatch.setattr(trainer, "update", lambda batch: seen.append(torch.get_num_threads()) or update(batch))
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        trainer.train_iteration()
+        assert seen == [3]
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(previous)
+
+
+@pytest.mark.parametrize("value", [0, -1, 1.5, True])
+def test_update_threads_must_be_a_positive_integer(value):
+    with pytest.raises(ValueError, match="update_threads must be an integer >= 1 or None"):
+        PPO(point_env(8), PPOConfig(num_steps=4, **TINY), update_threads=value)

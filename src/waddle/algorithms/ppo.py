@@ -46,7 +46,8 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -210,6 +211,20 @@ def flat_width(env: EnvBase, keys: list[str | tuple[str, str]]) -> int:
     return sum(math.prod(env.observation_spec[key].shape[len(env.batch_size) :]) for key in keys)
 
 
+@contextmanager
+def torch_threads(count: int | None) -> Iterator[None]:
+    """Run the block with ``count`` threads for torch's ops, then restore the previous count (``None``: as is)."""
+    if count is None:
+        yield
+        return
+    previous = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
 def adapt_learning_rate(
     lr: float, kl: float, desired_kl: float, *, factor: float = 1.5, bounds: tuple[float, float] = (1e-5, 1e-2)
 ) -> float:
@@ -301,6 +316,10 @@ class PPO:
             does), and the deterministic policy clamps its mean the same way.
         config: hyperparameters.
         device: where the networks live (the env's device by default).
+        update_threads: threads of torch's ops during the update, restored
+            after it (``None``: leave torch's setting alone). The physics
+            pool idles while the networks learn, so on a CPU the update may
+            use every core even when the rollout keeps torch to one thread.
 
     Attributes:
         env_steps: env steps taken so far (``num_envs`` per env step).
@@ -317,7 +336,19 @@ class PPO:
         True
     """
 
-    def __init__(self, env: EnvBase, config: PPOConfig | None = None, device: torch.device | str | None = None) -> None:
+    def __init__(
+        self,
+        env: EnvBase,
+        config: PPOConfig | None = None,
+        device: torch.device | str | None = None,
+        *,
+        update_threads: int | None = None,
+    ) -> None:
+        if update_threads is not None and (
+            isinstance(update_threads, bool) or not isinstance(update_threads, int) or update_threads < 1
+        ):
+            raise ValueError(f"update_threads must be an integer >= 1 or None, got {update_threads!r}.")
+        self.update_threads = update_threads
         self.env = env
         self.config = config = PPOConfig() if config is None else config
         self.device = torch.device(env.device if device is None else device)
@@ -516,7 +547,8 @@ class PPO:
         rollout_time = time.perf_counter() - start
 
         start = time.perf_counter()
-        stats = self.update(batch)
+        with torch_threads(self.update_threads):
+            stats = self.update(batch)
         if self.config.normalize_observations:
             self.normalizer.update(batch[self.actor_key])
             if self.critic_normalizer is not None:

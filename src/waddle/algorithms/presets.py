@@ -238,8 +238,12 @@ def make_config(algo: str, overrides: Mapping[str, Any] | None = None) -> Any:
     return config_class(**overrides)
 
 
-def make_trainer(algo: str, env: MicroDuckEnv, config: Any, device: torch.device | str = "cpu") -> Trainer:
-    """``Trainer(env, config, device)`` for ``algo``."""
+def make_trainer(
+    algo: str, env: MicroDuckEnv, config: Any, device: torch.device | str = "cpu", *, update_threads: int | None = None
+) -> Trainer:
+    """``Trainer(env, config, device)`` for ``algo``; PPO also takes the threads of its update."""
     _choice("algorithm", algo, ALGORITHMS)
     trainer_class, _ = ALGORITHMS[algo].classes()
+    if algo == "ppo":
+        return trainer_class(env, config, device, update_threads=update_threads)
     return trainer_class(env, config, device)

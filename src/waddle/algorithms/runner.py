@@ -90,6 +90,8 @@ class TrainConfig:
     """Frames of the trained policy filmed to video.mp4 at the end (0: no video)."""
     torch_threads: int = 1
     """Threads of torch's own ops (0: torch's default); the physics has its own pool, so 1 is fastest on a small CPU."""
+    update_threads: int = 0
+    """Threads of torch's ops during PPO's update, while the physics pool idles (0: every core the process may use)."""
     logger: str = "none"
     """Also write the metrics through a TorchRL logger: 'csv', 'tensorboard' or 'wandb' (under the output directory)."""
 
@@ -98,7 +100,7 @@ class TrainConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
-        for name in ("video_frames", "torch_threads"):
+        for name in ("video_frames", "torch_threads", "update_threads"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}.")
         if self.randomization not in RANDOMIZATIONS:

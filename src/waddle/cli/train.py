@@ -19,6 +19,7 @@ import ast
 import dataclasses
 import inspect
 import math
+import os
 import shutil
 import sys
 import textwrap
@@ -55,6 +56,7 @@ RESUMABLE_FIELDS = (
     "run.plot_every_s",
     "run.video_frames",
     "run.torch_threads",
+    "run.update_threads",
     "run.logger",
 )
 """Config fields ``--resume`` lets a run change; any other difference is refused."""
@@ -351,7 +353,8 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, ImportError) as err:
         return _error(str(err).splitlines()[0])
     algo_config = make_config(run_config.algo, config["algorithm"])
-    trainer = make_trainer(run_config.algo, env, algo_config, args.device)
+    update_threads = run_config.update_threads or len(os.sched_getaffinity(0))
+    trainer = make_trainer(run_config.algo, env, algo_config, args.device, update_threads=update_threads)
     if source is not None:
         try:
             report = load_weights(trainer, run_config.algo, source, path=args.init_from)
