@@ -11,12 +11,21 @@ In one run, on the same embedded MicroDuck model and machine:
   with the same threads and substeps, no Python env in between;
 * TorchRL's own ``torchrl.envs.MicroDuckEnv(scene, backend="mujoco")`` on the
   same scene file;
+* PPO end to end (``waddle train --task walk``'s trainer and env, rollout and
+  update, its default settings) against the same C limit;
 * the cost of domain randomization: the native env at 256 envs with
   ``randomization="upstream"`` (per-env models, encoder bias, IMU tilt, pushes,
   delays, noise) against ``"none"``, measured alternately in the same process.
 
-Usage: ``python benchmarks/throughput.py [--sizes 1 16 256 1024] [--steps 100]``;
-``--randomization-only`` runs the last comparison alone.
+The env, the bare backend and the C limit are all driven by the same kind of
+controls: uniform random actions at 0.3 of the action range around the
+standing pose, so the three simulate robots in the same states (full-range
+random actions throw the robot to the floor, whose contacts cost the
+simulator more than a standing robot's).
+
+Usage: ``python benchmarks/throughput.py [--sizes 64 256 1024] [--steps 100]
+[--ppo-iterations 3]``; ``--randomization-only`` runs the randomization
+comparison alone.
 """
 
 from __future__ import annotations
@@ -30,24 +39,56 @@ import numpy as np
 import torch
 from mujoco import rollout
 
+from waddle.algorithms.ppo import PPO, PPOConfig
+from waddle.algorithms.presets import make_env
 from waddle.envs.microduck import MicroDuckEnv
+
+ACTION_FRACTION = 0.3
+"""Random actions of every env measurement span this fraction of the action range."""
+
+
+def random_policy(num_envs: int, seed: int = 0):
+    """A TorchRL policy of uniform actions in ``[-ACTION_FRACTION, ACTION_FRACTION]``."""
+    generator = torch.Generator().manual_seed(seed)
+
+    def policy(td):
+        noise = 2 * torch.rand(num_envs, MicroDuckEnv.NUM_JOINTS, generator=generator) - 1
+        return td.set("action", ACTION_FRACTION * noise)
+
+    return policy
 
 
 def waddle_rate(num_envs: int, steps: int, threads: int) -> float:
     env = MicroDuckEnv(num_envs=num_envs, seed=0, num_threads=threads)
-    env.rollout(5, break_when_any_done=False)  # warm-up
+    policy = random_policy(num_envs)
+    env.rollout(5, policy, break_when_any_done=False)  # warm-up
     start = time.perf_counter()
-    env.rollout(steps, break_when_any_done=False)
+    env.rollout(steps, policy, break_when_any_done=False)
     rate = num_envs * steps / (time.perf_counter() - start)
     env.close()
     return rate
+
+
+def ppo_rate(num_envs: int, iterations: int, threads: int) -> tuple[float, float]:
+    """PPO's env steps per second over ``iterations`` iterations after one warm-up, and the update's share."""
+    env = make_env("walk", num_envs=num_envs, seed=0, num_threads=threads)
+    trainer = PPO(env, PPOConfig(), update_threads=threads)
+    trainer.train_iteration()  # warm-up
+    update_s = 0.0
+    start = time.perf_counter()
+    for _ in range(iterations):
+        update_s += trainer.train_iteration()["perf/update_s"]
+    elapsed = time.perf_counter() - start
+    env.close()
+    return iterations * trainer.steps_per_iteration / elapsed, update_s / elapsed
 
 
 def bare_backend_rate(num_envs: int, steps: int, threads: int) -> float:
     env = MicroDuckEnv(num_envs=num_envs, seed=0, num_threads=threads)
     env.reset()
     generator = torch.Generator().manual_seed(0)
-    controls = env._home_ctrl + 0.35 * 0.3 * (2 * torch.rand(steps, num_envs, 14, generator=generator) - 1)
+    noise = 2 * torch.rand(steps, num_envs, 14, generator=generator) - 1
+    controls = env._home_ctrl + env.action_scale * ACTION_FRACTION * noise
     env.physics.step(controls[0])  # warm-up
     start = time.perf_counter()
     for ctrl in controls:
@@ -68,7 +109,7 @@ def c_limit_rate(num_envs: int, steps: int, threads: int) -> float:
     mujoco.mj_getState(model, data, state, mujoco.mjtState.mjSTATE_FULLPHYSICS)
     initial = np.tile(state, (num_envs, 1))
     rng = np.random.default_rng(0)
-    ctrl = data.ctrl + 0.35 * 0.3 * rng.uniform(-1, 1, (num_envs, steps, 1, model.nu))
+    ctrl = data.ctrl + env.action_scale * ACTION_FRACTION * rng.uniform(-1, 1, (num_envs, steps, 1, model.nu))
     control = np.repeat(ctrl, frame_skip, axis=2).reshape(num_envs, steps * frame_skip, model.nu)
     pool = rollout.Rollout(nthread=threads)
     datas = [mujoco.MjData(model) for _ in range(threads)]
@@ -130,7 +171,7 @@ def print_randomization_cost(num_envs: int, steps: int, threads: int, repeats: i
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", type=int, nargs="+", default=[1, 16, 256, 1024])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[64, 256, 1024])
     parser.add_argument("--steps", type=int, default=100, help="control steps per measurement")
     parser.add_argument("--torchrl-envs", type=int, default=256, help="batch size for TorchRL's env")
     parser.add_argument("--torchrl-steps", type=int, default=10)
@@ -147,6 +188,9 @@ def main() -> None:
         "--randomization-envs", type=int, default=256, help="batch size of the randomization comparison (0: skip)"
     )
     parser.add_argument("--randomization-repeats", type=int, default=3)
+    parser.add_argument(
+        "--ppo-iterations", type=int, default=3, help="timed PPO iterations per size, after one warm-up (0: skip)"
+    )
     parser.add_argument("--randomization-only", action="store_true", help="run the randomization comparison alone")
     args = parser.parse_args()
     torch.set_num_threads(1)  # the physics threads, not torch's, do the work
@@ -159,16 +203,26 @@ def main() -> None:
         f"{'envs':>6} {'waddle env':>11} {'bare backend':>13} {'C limit':>9} "
         f"{'env / C':>8} {'env / bare':>11}   (env steps/s)"
     )
-    results = {}
+    results, limits = {}, {}
     for size in args.sizes:
         ours = waddle_rate(size, args.steps, args.threads)
         bare = bare_backend_rate(size, args.steps, args.threads)
         limit = c_limit_rate(size, args.steps, args.threads)
-        results[size] = ours
+        results[size], limits[size] = ours, limit
         print(
             f"{size:>6} {ours:>11,.0f} {bare:>13,.0f} {limit:>9,.0f} {ours / limit:>8.2f} {ours / bare:>11.2f}",
             flush=True,
         )
+
+    if args.ppo_iterations:
+        print(
+            f"PPO end to end (walk task, default settings, {args.ppo_iterations} iterations after a warm-up):\n"
+            f"{'envs':>6} {'PPO':>9} {'C limit':>9} {'PPO / C':>8} {'update share':>13}   (env steps/s)"
+        )
+        for size in args.sizes:
+            rate, update_share = ppo_rate(size, args.ppo_iterations, args.threads)
+            limit = c_limit_rate(size, args.steps, args.threads)
+            print(f"{size:>6} {rate:>9,.0f} {limit:>9,.0f} {rate / limit:>8.2f} {update_share:>13.2f}", flush=True)
 
     if args.randomization_envs:
         print_randomization_cost(args.randomization_envs, args.steps, args.threads, args.randomization_repeats)
@@ -187,6 +241,8 @@ def main() -> None:
         f"{theirs:,.0f} steps/s; "
         f"waddle / TorchRL = {ours / theirs:.1f}x"
     )
+    load = ", ".join(f"{value:.2f}" for value in os.getloadavg())
+    print(f"load average at the end: {load} on {os.cpu_count()} cores")
 
 
 if __name__ == "__main__":
