@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+import threading
 
 import pytest
 import torch
 from tensordict import TensorDict
+from torchrl.envs.utils import ExplorationType, set_exploration_type
 
 from tests.helpers.diff_point_env import DiffPointEnv
 from waddle.algorithms.ppo import (
@@ -159,7 +161,9 @@ def test_rollout_shapes_and_counters():
     assert torch.equal(batch["next", "observation"][:, :-1], batch["observation"][:, 1:])
 
 
-def test_ppo_improves_point_mass():
+# The overlapped variant learns from data one update old: on this toy it needs twice the iterations.
+@pytest.mark.parametrize(("overlap_rollout", "iterations"), [(False, 12), (True, 24)])
+def test_ppo_improves_point_mass(overlap_rollout, iterations):
     torch.manual_seed(0)
     config = PPOConfig(
         num_steps=25,
@@ -168,9 +172,10 @@ def test_ppo_improves_point_mass():
         learning_rate=3e-3,
         actor_hidden_sizes=(32, 32),
         critic_hidden_sizes=(32, 32),
+        overlap_rollout=overlap_rollout,
     )
     trainer = PPO(point_env(32), config)
-    returns = [trainer.train_iteration()["charts/episode_return"] for _ in range(12)]
+    returns = [trainer.train_iteration()["charts/episode_return"] for _ in range(iterations)]
     assert math.isfinite(returns[0])
     # A random policy drifts away from the goal at 0.5; the trained one moves to it.
     assert sum(returns[-3:]) / 3 > 0.5 * returns[0], returns
@@ -290,3 +295,89 @@ def test_update_runs_on_update_threads_and_restores_the_rollout_setting(monkeypa
 def test_update_threads_must_be_a_positive_integer(value):
     with pytest.raises(ValueError, match="update_threads must be an integer >= 1 or None"):
         PPO(point_env(8), PPOConfig(num_steps=4, **TINY), update_threads=value)
+
+
+# ---------------------------------------------------------------------------
+# Overlapped rollouts
+# ---------------------------------------------------------------------------
+
+
+def test_overlapped_rollout_acts_with_the_policy_from_before_the_update():
+    torch.manual_seed(0)
+    trainer = PPO(point_env(8), PPOConfig(num_steps=4, overlap_rollout=True, **TINY))
+    before = {k: v.clone() for k, v in trainer.policy.state_dict().items()}
+    trainer.train_iteration()
+    collected = trainer._next_batch  # collected while the first update ran, learned from next
+    assert collected is not None and collected.shape == (8, 4)
+    assert trainer.env_steps == 2 * 32  # the first iteration collects its own batch, then the next
+    stale = PPO(point_env(8), PPOConfig(num_steps=4, **TINY))
+    stale.policy.load_state_dict(before)
+    loc_before, _ = stale.policy(collected["observation"])
+    loc_after, _ = trainer.policy(collected["observation"])
+    torch.testing.assert_close(collected["loc"], loc_before)
+    assert not torch.allclose(collected["loc"], loc_after)
+
+
+def test_overlapped_training_is_reproducible_and_leaves_no_thread_behind():
+    def train() -> dict[str, torch.Tensor]:
+        torch.manual_seed(3)
+        trainer = PPO(point_env(8, seed=1), PPOConfig(num_steps=4, overlap_rollout=True, **TINY), update_threads=2)
+        for _ in range(3):
+            trainer.train_iteration()
+            assert threading.active_count() == threads
+        return trainer.policy.state_dict()
+
+    threads = threading.active_count()
+    first, second = train(), train()
+    for key, value in first.items():
+        assert torch.equal(value, second[key]), key
+
+
+def test_overlapped_actions_are_sampled_inside_a_deterministic_exploration_context():
+    # TorchRL losses set the process-wide exploration type to deterministic while they run;
+    # the collecting thread must keep sampling meanwhile.
+    torch.manual_seed(0)
+    trainer = PPO(point_env(8), PPOConfig(num_steps=4, overlap_rollout=True, **TINY))
+    with set_exploration_type(ExplorationType.DETERMINISTIC):
+        batch = trainer._rollout(trainer._rollout_actor)
+    assert not torch.allclose(batch["action"], batch["loc"])
+    expected = torch.distributions.Normal(batch["loc"], batch["scale"]).log_prob(batch["action"]).sum(-1)
+    torch.testing.assert_close(batch["action_log_prob"], expected)
+
+
+def test_overlapped_update_that_fails_waits_for_the_rollout():
+    env = point_env(8)
+    trainer = PPO(env, PPOConfig(num_steps=4, overlap_rollout=True, **TINY))
+    trainer.train_iteration()
+    threads = threading.active_count()
+    trainer._next_batch["next", "reward"] = trainer._next_batch["next", "reward"] * float("nan")
+    with pytest.raises(NonFiniteLossError, match="PPO loss is nan"):
+        trainer.train_iteration()
+    assert threading.active_count() == threads  # the rollout that ran during the failed update was joined
+    assert trainer.env_steps == 2 * 32  # and its batch dropped with the iteration
+
+
+def test_overlapped_update_clips_around_the_current_policy_and_weights_the_advantage(monkeypatch):
+    torch.manual_seed(0)
+    config = PPOConfig(num_steps=4, num_epochs=1, num_minibatches=1, overlap_rollout=True, **TINY)
+    trainer = PPO(point_env(8), config)
+    batch = trainer.collect()
+    with torch.no_grad():  # the policy moved since it acted
+        trainer.policy.log_std.add_(0.3)
+        trainer.policy.net[-1].bias.add_(0.2)
+    expected = batch.clone()
+    trainer.advantage_module(expected)
+    flat = expected.exclude("next").reshape(-1)
+    with torch.no_grad():
+        loc, scale = trainer.policy(flat["observation"])
+    current = torch.distributions.Normal(loc, scale).log_prob(flat["action"]).sum(-1)
+    weight = torch.exp(current - flat["action_log_prob"]).clamp(max=1.0)
+    assert (weight < 1).any() and (weight == 1).any()  # both sides of the truncation are exercised
+
+    seen = []
+    loss = trainer.loss_module.forward
+    monkeypatch.setattr(trainer.loss_module, "forward", lambda data: seen.append(data.clone()) or loss(data))
+    monkeypatch.setattr(torch, "randperm", lambda n, **kwargs: torch.arange(n))
+    trainer.update(batch)
+    torch.testing.assert_close(seen[0]["action_log_prob"], current)
+    torch.testing.assert_close(seen[0]["advantage"], flat["advantage"] * weight.unsqueeze(-1))

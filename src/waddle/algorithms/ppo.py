@@ -43,10 +43,12 @@ logs their mean per env step as ``reward/<term>``.
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from collections import deque
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -54,6 +56,7 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 from torchrl.envs import EnvBase
+from torchrl.modules import IndependentNormal
 from torchrl.objectives import ClipPPOLoss
 from torchrl.objectives.value import GAE
 
@@ -69,6 +72,7 @@ from waddle.modules.networks import (
     OBSERVATION_KEY,
     SENSOR_OBSERVATION_KEY,
     GaussianPolicy,
+    GeneratorActor,
     PolicyMean,
     ValueNetwork,
     make_actor,
@@ -82,6 +86,8 @@ ACTOR_OBSERVATIONS: dict[str, str] = {"full": OBSERVATION_KEY, "sensors": SENSOR
 """``PPOConfig.actor_observation`` -> the env entry the actor reads."""
 RANDOMIZATION_KEY = "randomization"
 """The env's entry holding each env's drawn randomization values, one sub-entry per parameter."""
+OFF_POLICY_WEIGHT_MAX = 1.0
+"""Truncation of the importance weight of an overlapped rollout's samples (see ``PPOConfig.overlap_rollout``)."""
 REWARD_TERM_PREFIX = "diagnostic_reward_"
 """Entries of an env step's output holding one weighted reward term each (``MicroDuckEnv(diagnostics=True)``)."""
 
@@ -128,6 +134,11 @@ class PPOConfig:
     actor_observation: str = "full"
     """What the actor reads: 'full' (the env's 56-value observation, linear velocity included) or 'sensors'
     (sensor_observation, what the robot measures on board; the critic keeps the full observation)."""
+    overlap_rollout: bool = False
+    """Collect the next rollout in a background thread while the update runs, with the policy from before
+    that update: the simulator keeps stepping during the update, at the price of one iteration of policy
+    lag, corrected as decoupled PPO does (the ratio is clipped around the policy the update starts from;
+    the advantage carries the importance weight from the acting policy, truncated at 1)."""
 
     def __post_init__(self) -> None:
         check_task_embedding_dim(self)
@@ -410,6 +421,18 @@ class PPO:
         )
         self.learning_rate = config.learning_rate
 
+        # Overlapped rollouts: a copy of the policy acts in the collecting thread while this one learns,
+        # drawing its actions from its own generator (TorchRL's losses switch the process-wide
+        # exploration type to deterministic while they run, and the update shuffles with the global one).
+        self._rollout_policy: GaussianPolicy | None = None
+        self._rollout_actor: GeneratorActor | None = None
+        self._next_batch: TensorDictBase | None = None
+        if config.overlap_rollout:
+            self._rollout_policy = copy.deepcopy(self.policy)
+            seed = int(torch.randint(0, 2**62, (1,)))
+            generator = torch.Generator(device=self.device).manual_seed(seed)
+            self._rollout_actor = GeneratorActor(self._rollout_policy, generator)
+
         # Rollout state carried across iterations.
         self.env_steps = 0
         self.iteration = 0
@@ -426,19 +449,23 @@ class PPO:
     @torch.no_grad()
     def collect(self) -> TensorDictBase:
         """Roll the stochastic policy out for ``num_steps``; returns a ``(num_envs, num_steps)`` batch."""
+        batch = self._rollout(self.actor)
+        self.env_steps += batch.numel()
+        return batch
+
+    @torch.no_grad()
+    def _rollout(self, actor: Any) -> TensorDictBase:
         if self._next_td is None:
             self._next_td = self.env.reset()
         td = self._next_td
         steps = []
         for _ in range(self.config.num_steps):
-            td = self.actor(td.to(self.device))
+            td = actor(td.to(self.device))
             td, next_td = self.env.step_and_maybe_reset(td)
             steps.append(td)
             td = next_td
         self._next_td = td
-        batch = torch.stack(steps, dim=1).to(self.device)
-        self.env_steps += batch.numel()
-        return batch
+        return torch.stack(steps, dim=1).to(self.device)
 
     def _record_episodes(self, batch: TensorDictBase) -> None:
         rewards = batch["next", "reward"].squeeze(-1)
@@ -463,6 +490,19 @@ class PPO:
             self.advantage_module(batch)
         # With the advantages in, the loss never reads the next step's entries: leave them out of the shuffles.
         b_data = batch.exclude("next").reshape(-1)
+        if config.overlap_rollout:
+            # The policy that acted is one update behind (decoupled PPO, Hilton et al. 2021): the ratio is
+            # clipped around the policy this update starts from, and the advantage carries the importance
+            # weight from the acting policy to it, truncated at 1 as V-trace does. The adaptive step size
+            # keeps measuring the KL from the acting policy: from the start of the update, it let the
+            # steps grow until the lagged data stopped teaching (a point-mass task stalled).
+            with torch.no_grad():
+                task_id = b_data[TASK_ID_KEY] if self.policy.reads_task_id else None
+                loc, scale = self.policy(b_data[self.actor_key], task_id)
+                proximal = IndependentNormal(loc, scale).log_prob(b_data["action"])
+                weight = (proximal - b_data["action_log_prob"]).exp().clamp(max=OFF_POLICY_WEIGHT_MAX)
+                b_data["advantage"] = b_data["advantage"] * weight.unsqueeze(-1)
+                b_data["action_log_prob"] = proximal
         batch_size = b_data.numel()
         minibatch_size = batch_size // config.num_minibatches
         logged = {  # ClipPPOLoss output -> our metric name
@@ -541,19 +581,16 @@ class PPO:
             with an env that reports its reward terms, ``reward/<term>``
             (:func:`reward_term_means`; they sum to ``charts/reward_mean``).
         """
-        start = time.perf_counter()
-        batch = self.collect()
-        self._record_episodes(batch)
-        rollout_time = time.perf_counter() - start
-
-        start = time.perf_counter()
-        with torch_threads(self.update_threads):
-            stats = self.update(batch)
-        if self.config.normalize_observations:
-            self.normalizer.update(batch[self.actor_key])
-            if self.critic_normalizer is not None:
-                self.critic_normalizer.update(self.critic_input(batch))
-        update_time = time.perf_counter() - start
+        if self.config.overlap_rollout:
+            batch, stats, rollout_time, update_time = self._overlapped_iteration()
+        else:
+            start = time.perf_counter()
+            batch = self.collect()
+            self._record_episodes(batch)
+            rollout_time = time.perf_counter() - start
+            start = time.perf_counter()
+            stats = self._learn(batch)
+            update_time = time.perf_counter() - start
         self.iteration += 1
 
         def mean(values: deque[float]) -> float:
@@ -570,6 +607,49 @@ class PPO:
             "perf/rollout_s": rollout_time,
             "perf/update_s": update_time,
         }
+
+    def _learn(self, batch: TensorDictBase) -> dict[str, float]:
+        """The update on ``batch``, then the observation statistics refreshed with it."""
+        with torch_threads(self.update_threads):
+            stats = self.update(batch)
+        if self.config.normalize_observations:
+            self.normalizer.update(batch[self.actor_key])
+            if self.critic_normalizer is not None:
+                self.critic_normalizer.update(self.critic_input(batch))
+        return stats
+
+    def _overlapped_iteration(self) -> tuple[TensorDictBase, dict[str, float], float, float]:
+        """Learn from the batch collected during the last update while the next one is collected.
+
+        The collecting thread is joined before this returns, so no rollout is
+        in flight between iterations (a checkpoint or ``env.close()`` finds
+        the env idle). The first iteration collects its batch first; the
+        batch collected during the last iteration of a run is never learned from.
+        """
+        start = time.perf_counter()
+        batch = self._next_batch
+        if batch is None:
+            batch = self.collect()
+        self._next_batch = None
+        self._record_episodes(batch)
+        self._rollout_policy.load_state_dict(self.policy.state_dict())
+        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="waddle-rollout")
+        try:
+            pending = executor.submit(self._rollout, self._rollout_actor)
+            learn_start = time.perf_counter()
+            try:
+                stats = self._learn(batch)
+            finally:
+                # An update that raised still waits for the rollout: the env must be idle when the caller sees it.
+                learned = time.perf_counter()
+                next_batch = pending.result()
+        finally:
+            executor.shutdown(wait=True)
+        self._next_batch = next_batch
+        self.env_steps += next_batch.numel()
+        waited = time.perf_counter() - learned
+        # The update's time as before; the rollout's is what the update did not hide.
+        return batch, stats, learn_start - start + waited, learned - learn_start
 
     # ------------------------------------------------------------------
     # Policy and state

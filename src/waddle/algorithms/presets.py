@@ -165,7 +165,7 @@ ADDED_FIELDS: dict[str, Any] = {"task_embedding_dim": 0}
 """Config fields added since checkpoints were first written -> the value that reproduces what
 a checkpoint without the field was trained with (no field: no task conditioning)."""
 
-ADDED_ALGORITHM_FIELDS: dict[str, dict[str, Any]] = {"ppo": {"actor_observation": "full"}}
+ADDED_ALGORITHM_FIELDS: dict[str, dict[str, Any]] = {"ppo": {"actor_observation": "full", "overlap_rollout": False}}
 """As :data:`ADDED_FIELDS`, per ``--algo`` for the fields only that algorithm has (no
 ``actor_observation``: the actor read the full observation)."""
 

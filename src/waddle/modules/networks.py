@@ -23,6 +23,7 @@ import math
 from collections.abc import Sequence
 
 import torch
+from tensordict import TensorDictBase
 from tensordict.nn import InteractionType, TensorDictModule
 from torch import nn
 from torchrl.modules import IndependentNormal, ProbabilisticActor, ValueOperator
@@ -237,6 +238,39 @@ def make_actor(policy: GaussianPolicy) -> ProbabilisticActor:
         return_log_prob=True,
         default_interaction_type=InteractionType.RANDOM,
     )
+
+
+class GeneratorActor(nn.Module):
+    """``policy`` as a sampling actor that draws from its own generator, whatever the exploration context.
+
+    It writes what :func:`make_actor`'s actor writes in sampling mode:
+    ``"loc"``, ``"scale"``, an ``"action"`` drawn from ``Normal(loc, scale)``
+    and its ``"action_log_prob"`` (summed over the action entries). It is for
+    a thread that acts while another computes TorchRL losses: those switch the
+    process-wide exploration type to deterministic while they run, and the
+    other thread's draws must not depend on that or on its global generator.
+    """
+
+    def __init__(self, policy: GaussianPolicy, generator: torch.Generator) -> None:
+        super().__init__()
+        self.policy = policy
+        self.generator = generator
+        self.in_keys = network_in_keys(policy)
+
+    def forward(self, td: TensorDictBase) -> TensorDictBase:
+        inputs = [td[key] for key in self.in_keys]
+        loc, scale = self.policy(*inputs)
+        noise = torch.randn(loc.shape, generator=self.generator, dtype=loc.dtype, device=loc.device)
+        action = loc + scale * noise
+        td.update(
+            {
+                "loc": loc,
+                "scale": scale,
+                "action": action,
+                "action_log_prob": IndependentNormal(loc, scale).log_prob(action),
+            }
+        )
+        return td
 
 
 def make_critic(value: ValueNetwork, observation_keys: Sequence[str | tuple[str, ...]] | None = None) -> ValueOperator:
