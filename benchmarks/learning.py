@@ -58,6 +58,9 @@ from waddle.algorithms.ppo import PPO, PPOConfig
 from waddle.algorithms.presets import TASK_TOTAL_STEPS, make_env
 from waddle.algorithms.runner import TrainConfig
 
+UPDATE_THREADS = len(os.sched_getaffinity(0))
+"""Threads of PPO's update, as ``waddle train`` gives it: every core (the physics idles meanwhile)."""
+
 STANDING_LENGTH = 450
 """Mean episode length (of 500) the standing criterion asks for."""
 
@@ -147,7 +150,7 @@ def ppo_part(part: str, task: str, args: argparse.Namespace, holds) -> tuple[Out
     torch.manual_seed(args.seed)
     env = make_env(task, num_envs=args.num_envs, seed=args.seed)
     eval_env = make_env(task, num_envs=args.eval_envs, seed=args.seed + 1000)
-    trainer = PPO(env, PPOConfig())
+    trainer = PPO(env, PPOConfig(overlap_rollout=args.overlap_rollout), update_threads=UPDATE_THREADS)
 
     def may_hold(metrics: dict) -> bool:
         length = metrics["charts/episode_length"]
@@ -208,7 +211,7 @@ def walk_part(part: str, seed: int, args: argparse.Namespace) -> list[CommandOut
     """Train ``--task part`` with ``waddle train``'s defaults; time each command's first hold, then evaluate."""
     torch.manual_seed(seed)
     env = make_env(part, num_envs=args.num_envs, seed=seed)
-    trainer = PPO(env, PPOConfig())
+    trainer = PPO(env, PPOConfig(overlap_rollout=args.overlap_rollout), update_threads=UPDATE_THREADS)
     commands = [command for command, _ in task_commands(env.tasks)]
     tolerance = COMMAND_TOLERANCE[part]
     budget = args.walk_steps or TASK_TOTAL_STEPS.get(part, TrainConfig().total_steps)
@@ -333,7 +336,7 @@ def jump_part(args: argparse.Namespace) -> JumpOutcome:
     source = load_checkpoint(path)
     torch.manual_seed(seed)
     env = make_env("jump-mix", num_envs=args.num_envs, seed=seed)
-    trainer = PPO(env, make_config("ppo", inherited_fields(source)))
+    trainer = PPO(env, make_config("ppo", inherited_fields(source)), update_threads=UPDATE_THREADS)
     print(f"  [jump] from {path}: {load_weights(trainer, 'ppo', source, path=path).summary()}", flush=True)
     check_env = make_env("jump-mix", num_envs=args.eval_envs, seed=seed + 1000)
     jump_id = list(check_env.tasks.name).index("jump")
@@ -411,6 +414,11 @@ def main() -> None:
     parser.add_argument("--json", metavar="PATH", help="also write the figures here")
     parser.add_argument(
         "--save", metavar="DIR", help="walk, speed-range: write each run's final policy to DIR/<part>-seed<N>.pt"
+    )
+    parser.add_argument(
+        "--overlap-rollout",
+        action="store_true",
+        help="standing, walk, speed-range: PPO collects the next rollout during the update (one iteration of lag)",
     )
     add_jump_arguments(parser)
     args = parser.parse_args()

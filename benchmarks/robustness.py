@@ -33,12 +33,14 @@ Usage::
 
     python benchmarks/robustness.py                        # the walk task's default budget per policy
     python benchmarks/robustness.py --steps 4096 --episodes 4 --max-steps 50 --throughput-steps 5   # smoke
-    python benchmarks/robustness.py --run-a runs/a --run-b runs/b   # evaluate runs trained before
+    python benchmarks/robustness.py --run-a runs/a --run-b runs/b   # evaluate runs trained before (minutes
+                                                                    # from their metrics.csv)
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
 import tempfile
@@ -101,6 +103,16 @@ def train(label: str, out: Path, steps: int, seed: int) -> float:
     if code != 0:
         raise SystemExit(f"waddle train for policy ({label}) exited with {code}")
     return (time.perf_counter() - start) / 60.0
+
+
+def recorded_minutes(run: Path) -> float:
+    """Training minutes of a run trained before, from the last row of its ``metrics.csv`` (NaN without one)."""
+    metrics = run / "metrics.csv"
+    if not metrics.exists():
+        return float("nan")
+    with open(metrics, newline="") as file:
+        rows = list(csv.DictReader(file))
+    return float(rows[-1]["wall_time_s"]) / 60.0 if rows else float("nan")
 
 
 def evaluate_run(run: Path, randomization: str, episodes: int, max_steps: int, seed: int) -> EvaluationResult:
@@ -182,7 +194,7 @@ def main() -> None:
     for label in POLICIES:
         given = getattr(args, f"run_{label}")
         run = Path(given) if given else out / f"walk-{label}"
-        minutes = float("nan") if given else train(label, run, args.steps, args.seed)
+        minutes = recorded_minutes(run) if given else train(label, run, args.steps, args.seed)
         runs[label] = run
         checkpoint = load_checkpoint(run / "checkpoint.pt")
         result = evaluate_run(run, "upstream", args.episodes, args.max_steps, args.eval_seed)
