@@ -69,10 +69,14 @@ def waddle_rate(num_envs: int, steps: int, threads: int) -> float:
     return rate
 
 
-def ppo_rate(num_envs: int, iterations: int, threads: int) -> tuple[float, float]:
-    """PPO's env steps per second over ``iterations`` iterations after one warm-up, and the update's share."""
+def ppo_rate(num_envs: int, iterations: int, threads: int, overlap: bool = False) -> tuple[float, float]:
+    """PPO's env steps per second over ``iterations`` iterations after one warm-up, and the update's share.
+
+    With ``overlap`` the rollout runs during the update (``--overlap-rollout``); the share is then the
+    update's time over the iteration's, most of it hidden behind the simulator.
+    """
     env = make_env("walk", num_envs=num_envs, seed=0, num_threads=threads)
-    trainer = PPO(env, PPOConfig(), update_threads=threads)
+    trainer = PPO(env, PPOConfig(overlap_rollout=overlap), update_threads=threads)
     trainer.train_iteration()  # warm-up
     update_s = 0.0
     start = time.perf_counter()
@@ -216,13 +220,20 @@ def main() -> None:
 
     if args.ppo_iterations:
         print(
-            f"PPO end to end (walk task, default settings, {args.ppo_iterations} iterations after a warm-up):\n"
-            f"{'envs':>6} {'PPO':>9} {'C limit':>9} {'PPO / C':>8} {'update share':>13}   (env steps/s)"
+            f"PPO end to end (walk task, default settings, {args.ppo_iterations} iterations after a warm-up), "
+            "and with --overlap-rollout:\n"
+            f"{'envs':>6} {'PPO':>9} {'overlap':>9} {'C limit':>9} {'PPO / C':>8} {'overlap / C':>12} "
+            f"{'update share':>13}   (env steps/s)"
         )
         for size in args.sizes:
             rate, update_share = ppo_rate(size, args.ppo_iterations, args.threads)
+            overlapped, _ = ppo_rate(size, args.ppo_iterations, args.threads, overlap=True)
             limit = c_limit_rate(size, args.steps, args.threads)
-            print(f"{size:>6} {rate:>9,.0f} {limit:>9,.0f} {rate / limit:>8.2f} {update_share:>13.2f}", flush=True)
+            print(
+                f"{size:>6} {rate:>9,.0f} {overlapped:>9,.0f} {limit:>9,.0f} {rate / limit:>8.2f} "
+                f"{overlapped / limit:>12.2f} {update_share:>13.2f}",
+                flush=True,
+            )
 
     if args.randomization_envs:
         print_randomization_cost(args.randomization_envs, args.steps, args.threads, args.randomization_repeats)
