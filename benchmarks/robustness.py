@@ -34,13 +34,12 @@ Usage::
     python benchmarks/robustness.py                        # the walk task's default budget per policy
     python benchmarks/robustness.py --steps 4096 --episodes 4 --max-steps 50 --throughput-steps 5   # smoke
     python benchmarks/robustness.py --run-a runs/a --run-b runs/b   # evaluate runs trained before (minutes
-                                                                    # from their metrics.csv)
+                                                                    # from their checkpoints)
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import tempfile
@@ -106,13 +105,8 @@ def train(label: str, out: Path, steps: int, seed: int) -> float:
 
 
 def recorded_minutes(run: Path) -> float:
-    """Training minutes of a run trained before, from the last row of its ``metrics.csv`` (NaN without one)."""
-    metrics = run / "metrics.csv"
-    if not metrics.exists():
-        return float("nan")
-    with open(metrics, newline="") as file:
-        rows = list(csv.DictReader(file))
-    return float(rows[-1]["wall_time_s"]) / 60.0 if rows else float("nan")
+    """Training minutes of a run trained before, as its checkpoint records them."""
+    return float(load_checkpoint(run / "checkpoint.pt").get("wall_time_s", float("nan"))) / 60.0
 
 
 def evaluate_run(run: Path, randomization: str, episodes: int, max_steps: int, seed: int) -> EvaluationResult:
