@@ -31,6 +31,7 @@ comparison alone.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import time
 
@@ -39,7 +40,7 @@ import numpy as np
 import torch
 from mujoco import rollout
 
-from waddle.algorithms.ppo import PPO, PPOConfig
+from waddle.algorithms.ppo import PPO, PPOConfig, torch_threads
 from waddle.algorithms.presets import make_env
 from waddle.envs.microduck import MicroDuckEnv
 
@@ -85,6 +86,54 @@ def ppo_rate(num_envs: int, iterations: int, threads: int, overlap: bool = False
     elapsed = time.perf_counter() - start
     env.close()
     return iterations * trainer.steps_per_iteration / elapsed, update_s / elapsed
+
+
+def task_conditioning_cost(num_envs: int, threads: int, repeats: int = 3) -> dict[str, float]:
+    """What reading the task id costs PPO on the ``mix`` library, measured where it acts.
+
+    The embedding changes the networks, not the env; two trainers on the same
+    env, one with ``task_embedding_dim=8`` (the default) and one with 0, take
+    turns on one batch: the update, and the actor's forward pass on one step of
+    the batch. The cost is their extra time per iteration (one update, 32 actor
+    passes) over the seconds of a whole PPO iteration without the embedding:
+    training the two side by side would confound it with how often their
+    different policies fall.
+    """
+    env = make_env("mix", num_envs=num_envs, seed=0, num_threads=threads)
+    trainers = {
+        dim: PPO(env, PPOConfig(task_embedding_dim=dim), update_threads=threads)
+        for dim in (0, PPOConfig().task_embedding_dim)
+    }
+    plain = trainers[0]
+    plain.train_iteration()  # warm-up
+    start = time.perf_counter()
+    for _ in range(repeats):
+        plain.train_iteration()
+    iteration_s = (time.perf_counter() - start) / repeats
+    batch = plain.collect()
+    update_s, actor_s = dict.fromkeys(trainers, math.inf), dict.fromkeys(trainers, math.inf)
+    step = batch[:, 0].exclude("next")
+    for _ in range(repeats):
+        for dim, trainer in trainers.items():
+            data = batch.clone()
+            start = time.perf_counter()
+            with torch_threads(threads):
+                trainer.update(data)
+            update_s[dim] = min(update_s[dim], time.perf_counter() - start)
+            with torch.no_grad():
+                start = time.perf_counter()
+                for _ in range(plain.config.num_steps):
+                    trainer.actor(step.clone())
+                actor_s[dim] = min(actor_s[dim], time.perf_counter() - start)
+    env.close()
+    dim = max(trainers)
+    extra = (update_s[dim] - update_s[0]) + (actor_s[dim] - actor_s[0])
+    return {
+        "iteration_s": iteration_s,
+        "update_extra_s": update_s[dim] - update_s[0],
+        "actor_extra_s": actor_s[dim] - actor_s[0],
+        "cost": extra / iteration_s,
+    }
 
 
 def bare_backend_rate(num_envs: int, steps: int, threads: int) -> float:
@@ -193,6 +242,9 @@ def main() -> None:
     )
     parser.add_argument("--randomization-repeats", type=int, default=3)
     parser.add_argument(
+        "--task-conditioning-envs", type=int, default=256, help="batch size of the task-embedding cost (0: skip)"
+    )
+    parser.add_argument(
         "--ppo-iterations", type=int, default=3, help="timed PPO iterations per size, after one warm-up (0: skip)"
     )
     parser.add_argument("--randomization-only", action="store_true", help="run the randomization comparison alone")
@@ -234,6 +286,16 @@ def main() -> None:
                 f"{overlapped / limit:>12.2f} {update_share:>13.2f}",
                 flush=True,
             )
+
+    if args.task_conditioning_envs:
+        cost = task_conditioning_cost(args.task_conditioning_envs, args.threads)
+        print(
+            f"task conditioning (mix library, {args.task_conditioning_envs} envs): a PPO iteration without it "
+            f"{cost['iteration_s']:.2f} s; the embedding adds {1e3 * cost['update_extra_s']:+.0f} ms to the update "
+            f"and {1e3 * cost['actor_extra_s']:+.0f} ms to the rollout's actor passes: cost {100 * cost['cost']:.1f} % "
+            "(target <= 5 %)",
+            flush=True,
+        )
 
     if args.randomization_envs:
         print_randomization_cost(args.randomization_envs, args.steps, args.threads, args.randomization_repeats)
