@@ -7,21 +7,23 @@ In one run, on the same embedded MicroDuck model and machine:
 * the bare backend: ``env.physics.step`` in a Python loop, without the task
   (observation, reward terms, contact bookkeeping, TorchRL plumbing), so the
   ratio env / bare is what the task machinery costs;
-* the MuJoCo C limit: the same instrumented model stepped by ``mujoco.rollout``
-  with the same threads and substeps, no Python env in between;
+* the MuJoCo C limit of each measurement: the transitions it simulated (every
+  state and control its backend stepped) simulated again by one
+  ``mujoco.rollout`` call on the same threads, no Python in between. Fallen
+  robots cost the simulator more than standing ones, so a limit measured on
+  other trajectories would not be comparable;
 * TorchRL's own ``torchrl.envs.MicroDuckEnv(scene, backend="mujoco")`` on the
   same scene file;
 * PPO end to end (``waddle train --task walk``'s trainer and env, rollout and
-  update, its default settings) against the same C limit;
+  update, its default settings), plain and with ``--overlap-rollout``, each
+  against the C limit of its own transitions;
+* what task conditioning costs PPO (``task_conditioning_cost``);
 * the cost of domain randomization: the native env at 256 envs with
   ``randomization="upstream"`` (per-env models, encoder bias, IMU tilt, pushes,
   delays, noise) against ``"none"``, measured alternately in the same process.
 
-The env, the bare backend and the C limit are all driven by the same kind of
-controls: uniform random actions at 0.3 of the action range around the
-standing pose, so the three simulate robots in the same states (full-range
-random actions throw the robot to the floor, whose contacts cost the
-simulator more than a standing robot's).
+The env and the bare backend are driven by the same kind of controls: uniform
+random actions at 0.3 of the action range around the standing pose.
 
 Usage: ``python benchmarks/throughput.py [--sizes 64 256 1024] [--steps 100]
 [--ppo-iterations 3]``; ``--randomization-only`` runs the randomization
@@ -59,33 +61,82 @@ def random_policy(num_envs: int, seed: int = 0):
     return policy
 
 
-def waddle_rate(num_envs: int, steps: int, threads: int) -> float:
+class TransitionRecorder:
+    """Records the physics transitions an env's native backend takes, to time them again in C alone.
+
+    A robot lying on the floor costs the simulator more than a standing one, so
+    the C limit of a measurement is taken on its own transitions: every
+    (state, control) pair the backend stepped, simulated again by one
+    ``mujoco.rollout`` call (``frame_skip`` substeps each) on the same threads,
+    with no Python between them.
+    """
+
+    def __init__(self, env: MicroDuckEnv) -> None:
+        self.physics = env.physics
+        self.states: list[np.ndarray] = []
+        self.controls: list[np.ndarray] = []
+        self.recording = False
+        self._step = env.physics.step
+        env.physics.step = self._record  # the instance attribute shadows the method
+
+    def _record(self, ctrl: torch.Tensor) -> None:
+        if self.recording:
+            self.states.append(self.physics._state.copy())
+            self.controls.append(ctrl.detach().cpu().numpy().astype(np.float64))
+        self._step(ctrl)
+
+    def c_limit_rate(self, threads: int) -> float:
+        """Env steps per second of ``mujoco.rollout`` simulating the recorded transitions in one call."""
+        model, frame_skip = self.physics.model, self.physics.frame_skip
+        states = np.concatenate(self.states)
+        controls = np.repeat(np.concatenate(self.controls)[:, None, :], frame_skip, axis=1)
+        pool = rollout.Rollout(nthread=threads)
+        datas = [mujoco.MjData(model) for _ in range(threads)]
+        pool.rollout(model, datas, states[: 4 * threads], controls[: 4 * threads])  # warm-up
+        start = time.perf_counter()
+        pool.rollout(model, datas, states, controls)
+        rate = len(states) / (time.perf_counter() - start)
+        pool.close()
+        return rate
+
+
+def waddle_rate(num_envs: int, steps: int, threads: int) -> tuple[float, float]:
+    """The env's steps per second under random actions, and the C limit of the same transitions."""
     env = MicroDuckEnv(num_envs=num_envs, seed=0, num_threads=threads)
+    recorder = TransitionRecorder(env)
     policy = random_policy(num_envs)
     env.rollout(5, policy, break_when_any_done=False)  # warm-up
+    recorder.recording = True
     start = time.perf_counter()
     env.rollout(steps, policy, break_when_any_done=False)
     rate = num_envs * steps / (time.perf_counter() - start)
+    recorder.recording = False
+    limit = recorder.c_limit_rate(threads)
     env.close()
-    return rate
+    return rate, limit
 
 
-def ppo_rate(num_envs: int, iterations: int, threads: int, overlap: bool = False) -> tuple[float, float]:
-    """PPO's env steps per second over ``iterations`` iterations after one warm-up, and the update's share.
+def ppo_rate(num_envs: int, iterations: int, threads: int, overlap: bool = False) -> tuple[float, float, float]:
+    """PPO's env steps per second over ``iterations`` iterations after one warm-up, the C limit of
+    the transitions it simulated, and the update's share of the time.
 
     With ``overlap`` the rollout runs during the update (``--overlap-rollout``); the share is then the
     update's time over the iteration's, most of it hidden behind the simulator.
     """
     env = make_env("walk", num_envs=num_envs, seed=0, num_threads=threads)
+    recorder = TransitionRecorder(env)
     trainer = PPO(env, PPOConfig(overlap_rollout=overlap), update_threads=threads)
     trainer.train_iteration()  # warm-up
     update_s = 0.0
+    recorder.recording = True
     start = time.perf_counter()
     for _ in range(iterations):
         update_s += trainer.train_iteration()["perf/update_s"]
     elapsed = time.perf_counter() - start
+    recorder.recording = False
+    limit = recorder.c_limit_rate(threads)
     env.close()
-    return iterations * trainer.steps_per_iteration / elapsed, update_s / elapsed
+    return iterations * trainer.steps_per_iteration / elapsed, limit, update_s / elapsed
 
 
 def task_conditioning_cost(num_envs: int, threads: int, repeats: int = 3) -> dict[str, float]:
@@ -136,43 +187,24 @@ def task_conditioning_cost(num_envs: int, threads: int, repeats: int = 3) -> dic
     }
 
 
-def bare_backend_rate(num_envs: int, steps: int, threads: int) -> float:
+def bare_backend_rate(num_envs: int, steps: int, threads: int) -> tuple[float, float]:
+    """``env.physics.step`` in a Python loop, and the C limit of the same transitions."""
     env = MicroDuckEnv(num_envs=num_envs, seed=0, num_threads=threads)
+    recorder = TransitionRecorder(env)
     env.reset()
     generator = torch.Generator().manual_seed(0)
     noise = 2 * torch.rand(steps, num_envs, 14, generator=generator) - 1
     controls = env._home_ctrl + env.action_scale * ACTION_FRACTION * noise
     env.physics.step(controls[0])  # warm-up
+    recorder.recording = True
     start = time.perf_counter()
     for ctrl in controls:
         env.physics.step(ctrl)
     rate = num_envs * steps / (time.perf_counter() - start)
+    recorder.recording = False
+    limit = recorder.c_limit_rate(threads)
     env.close()
-    return rate
-
-
-def c_limit_rate(num_envs: int, steps: int, threads: int) -> float:
-    """``mujoco.rollout`` advancing every env ``steps`` control steps in one call."""
-    env = MicroDuckEnv(num_envs=1, seed=0)
-    model, frame_skip = env.physics.model, env.physics.frame_skip
-    data = mujoco.MjData(model)
-    mujoco.mj_resetDataKeyframe(model, data, model.key("STAND").id)
-    state_size = mujoco.mj_stateSize(model, mujoco.mjtState.mjSTATE_FULLPHYSICS)
-    state = np.empty(state_size)
-    mujoco.mj_getState(model, data, state, mujoco.mjtState.mjSTATE_FULLPHYSICS)
-    initial = np.tile(state, (num_envs, 1))
-    rng = np.random.default_rng(0)
-    ctrl = data.ctrl + env.action_scale * ACTION_FRACTION * rng.uniform(-1, 1, (num_envs, steps, 1, model.nu))
-    control = np.repeat(ctrl, frame_skip, axis=2).reshape(num_envs, steps * frame_skip, model.nu)
-    pool = rollout.Rollout(nthread=threads)
-    datas = [mujoco.MjData(model) for _ in range(threads)]
-    pool.rollout(model, datas, initial, control[:, :frame_skip])  # warm-up
-    start = time.perf_counter()
-    pool.rollout(model, datas, initial, control)
-    rate = num_envs * steps / (time.perf_counter() - start)
-    pool.close()
-    env.close()
-    return rate
+    return rate, limit
 
 
 def torchrl_rate(num_envs: int, steps: int, parallel: bool) -> float:
@@ -256,34 +288,34 @@ def main() -> None:
 
     print(f"MicroDuck scene: {MicroDuckEnv.resolve_scene()}; {args.threads} threads")
     print(
-        f"{'envs':>6} {'waddle env':>11} {'bare backend':>13} {'C limit':>9} "
-        f"{'env / C':>8} {'env / bare':>11}   (env steps/s)"
+        "C limit: mujoco.rollout simulating the same transitions as the measurement, in one call\n"
+        f"{'envs':>6} {'waddle env':>11} {'C limit':>9} {'env / C':>8} {'bare backend':>13} {'C limit':>9} "
+        f"{'bare / C':>9}   (env steps/s)"
     )
-    results, limits = {}, {}
+    results = {}
     for size in args.sizes:
-        ours = waddle_rate(size, args.steps, args.threads)
-        bare = bare_backend_rate(size, args.steps, args.threads)
-        limit = c_limit_rate(size, args.steps, args.threads)
-        results[size], limits[size] = ours, limit
+        ours, ours_limit = waddle_rate(size, args.steps, args.threads)
+        bare, bare_limit = bare_backend_rate(size, args.steps, args.threads)
+        results[size] = ours
         print(
-            f"{size:>6} {ours:>11,.0f} {bare:>13,.0f} {limit:>9,.0f} {ours / limit:>8.2f} {ours / bare:>11.2f}",
+            f"{size:>6} {ours:>11,.0f} {ours_limit:>9,.0f} {ours / ours_limit:>8.2f} {bare:>13,.0f} "
+            f"{bare_limit:>9,.0f} {bare / bare_limit:>9.2f}",
             flush=True,
         )
 
     if args.ppo_iterations:
         print(
             f"PPO end to end (walk task, default settings, {args.ppo_iterations} iterations after a warm-up), "
-            "and with --overlap-rollout:\n"
-            f"{'envs':>6} {'PPO':>9} {'overlap':>9} {'C limit':>9} {'PPO / C':>8} {'overlap / C':>12} "
-            f"{'update share':>13}   (env steps/s)"
+            "and with --overlap-rollout; C limit of each one's transitions:\n"
+            f"{'envs':>6} {'PPO':>9} {'C limit':>9} {'PPO / C':>8} {'update share':>13} {'overlap':>9} "
+            f"{'C limit':>9} {'overlap / C':>12}   (env steps/s)"
         )
         for size in args.sizes:
-            rate, update_share = ppo_rate(size, args.ppo_iterations, args.threads)
-            overlapped, _ = ppo_rate(size, args.ppo_iterations, args.threads, overlap=True)
-            limit = c_limit_rate(size, args.steps, args.threads)
+            rate, limit, update_share = ppo_rate(size, args.ppo_iterations, args.threads)
+            overlapped, overlapped_limit, _ = ppo_rate(size, args.ppo_iterations, args.threads, overlap=True)
             print(
-                f"{size:>6} {rate:>9,.0f} {overlapped:>9,.0f} {limit:>9,.0f} {rate / limit:>8.2f} "
-                f"{overlapped / limit:>12.2f} {update_share:>13.2f}",
+                f"{size:>6} {rate:>9,.0f} {limit:>9,.0f} {rate / limit:>8.2f} {update_share:>13.2f} "
+                f"{overlapped:>9,.0f} {overlapped_limit:>9,.0f} {overlapped / overlapped_limit:>12.2f}",
                 flush=True,
             )
 
@@ -308,7 +340,7 @@ def main() -> None:
     except Exception as err:  # report, do not hide, why the comparison is missing
         print(f"TorchRL MicroDuckEnv could not run: {type(err).__name__}: {err}")
         return
-    ours = results.get(args.torchrl_envs) or waddle_rate(args.torchrl_envs, args.steps, args.threads)
+    ours = results.get(args.torchrl_envs) or waddle_rate(args.torchrl_envs, args.steps, args.threads)[0]
     print(
         f"TorchRL MicroDuckEnv(backend='mujoco', parallel={parallel}) at {args.torchrl_envs} envs: "
         f"{theirs:,.0f} steps/s; "
