@@ -42,6 +42,7 @@ import numpy as np
 import torch
 from mujoco import rollout
 
+from waddle.algorithms.checkpoint import load_checkpoint
 from waddle.algorithms.ppo import PPO, PPOConfig, torch_threads
 from waddle.algorithms.presets import make_env
 from waddle.envs.microduck import MicroDuckEnv
@@ -116,16 +117,22 @@ def waddle_rate(num_envs: int, steps: int, threads: int) -> tuple[float, float]:
     return rate, limit
 
 
-def ppo_rate(num_envs: int, iterations: int, threads: int, overlap: bool = False) -> tuple[float, float, float]:
+def ppo_rate(
+    num_envs: int, iterations: int, threads: int, overlap: bool = False, start_from: str | None = None
+) -> tuple[float, float, float]:
     """PPO's env steps per second over ``iterations`` iterations after one warm-up, the C limit of
     the transitions it simulated, and the update's share of the time.
 
     With ``overlap`` the rollout runs during the update (``--overlap-rollout``); the share is then the
-    update's time over the iteration's, most of it hidden behind the simulator.
+    update's time over the iteration's, most of it hidden behind the simulator. ``start_from`` (a
+    ``waddle train --task walk`` checkpoint) times PPO from a trained policy: from scratch the
+    robots fall and reset every few steps, later in a run episodes last.
     """
     env = make_env("walk", num_envs=num_envs, seed=0, num_threads=threads)
     recorder = TransitionRecorder(env)
     trainer = PPO(env, PPOConfig(overlap_rollout=overlap), update_threads=threads)
+    if start_from is not None:
+        trainer.load_state_dict(load_checkpoint(start_from)["trainer"])
     trainer.train_iteration()  # warm-up
     update_s = 0.0
     recorder.recording = True
@@ -279,6 +286,9 @@ def main() -> None:
     parser.add_argument(
         "--ppo-iterations", type=int, default=3, help="timed PPO iterations per size, after one warm-up (0: skip)"
     )
+    parser.add_argument(
+        "--ppo-from", metavar="CHECKPOINT", help="time PPO from this walk checkpoint's policy instead of from scratch"
+    )
     parser.add_argument("--randomization-only", action="store_true", help="run the randomization comparison alone")
     args = parser.parse_args()
     torch.set_num_threads(1)  # the physics threads, not torch's, do the work
@@ -310,9 +320,13 @@ def main() -> None:
             f"{'envs':>6} {'PPO':>9} {'C limit':>9} {'PPO / C':>8} {'update share':>13} {'overlap':>9} "
             f"{'C limit':>9} {'overlap / C':>12}   (env steps/s)"
         )
+        if args.ppo_from:
+            print(f"(from the trained policy {args.ppo_from})")
         for size in args.sizes:
-            rate, limit, update_share = ppo_rate(size, args.ppo_iterations, args.threads)
-            overlapped, overlapped_limit, _ = ppo_rate(size, args.ppo_iterations, args.threads, overlap=True)
+            rate, limit, update_share = ppo_rate(size, args.ppo_iterations, args.threads, start_from=args.ppo_from)
+            overlapped, overlapped_limit, _ = ppo_rate(
+                size, args.ppo_iterations, args.threads, overlap=True, start_from=args.ppo_from
+            )
             print(
                 f"{size:>6} {rate:>9,.0f} {limit:>9,.0f} {rate / limit:>8.2f} {update_share:>13.2f} "
                 f"{overlapped:>9,.0f} {overlapped_limit:>9,.0f} {overlapped / overlapped_limit:>12.2f}",
