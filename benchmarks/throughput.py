@@ -47,6 +47,8 @@ from waddle.algorithms.ppo import PPO, PPOConfig, torch_threads
 from waddle.algorithms.presets import make_env
 from waddle.envs.microduck import MicroDuckEnv
 
+REPEATS = 3
+"""Each env, bare-backend and C-limit figure is the best of this many runs: other load only slows a run."""
 ACTION_FRACTION = 0.3
 """Random actions of every env measurement span this fraction of the action range."""
 
@@ -86,19 +88,22 @@ class TransitionRecorder:
             self.controls.append(ctrl.detach().cpu().numpy().astype(np.float64))
         self._step(ctrl)
 
-    def c_limit_rate(self, threads: int) -> float:
-        """Env steps per second of ``mujoco.rollout`` simulating the recorded transitions in one call."""
+    def c_limit_rate(self, threads: int, repeats: int = REPEATS) -> float:
+        """Env steps per second of ``mujoco.rollout`` simulating the recorded transitions in one call
+        (the best of ``repeats`` calls)."""
         model, frame_skip = self.physics.model, self.physics.frame_skip
         states = np.concatenate(self.states)
         controls = np.repeat(np.concatenate(self.controls)[:, None, :], frame_skip, axis=1)
         pool = rollout.Rollout(nthread=threads)
         datas = [mujoco.MjData(model) for _ in range(threads)]
         pool.rollout(model, datas, states[: 4 * threads], controls[: 4 * threads])  # warm-up
-        start = time.perf_counter()
-        pool.rollout(model, datas, states, controls)
-        rate = len(states) / (time.perf_counter() - start)
+        best = 0.0
+        for _ in range(repeats):
+            start = time.perf_counter()
+            pool.rollout(model, datas, states, controls)
+            best = max(best, len(states) / (time.perf_counter() - start))
         pool.close()
-        return rate
+        return best
 
 
 def waddle_rate(num_envs: int, steps: int, threads: int) -> tuple[float, float]:
@@ -108,9 +113,11 @@ def waddle_rate(num_envs: int, steps: int, threads: int) -> tuple[float, float]:
     policy = random_policy(num_envs)
     env.rollout(5, policy, break_when_any_done=False)  # warm-up
     recorder.recording = True
-    start = time.perf_counter()
-    env.rollout(steps, policy, break_when_any_done=False)
-    rate = num_envs * steps / (time.perf_counter() - start)
+    rate = 0.0
+    for _ in range(REPEATS):
+        start = time.perf_counter()
+        env.rollout(steps, policy, break_when_any_done=False)
+        rate = max(rate, num_envs * steps / (time.perf_counter() - start))
     recorder.recording = False
     limit = recorder.c_limit_rate(threads)
     env.close()
@@ -204,10 +211,12 @@ def bare_backend_rate(num_envs: int, steps: int, threads: int) -> tuple[float, f
     controls = env._home_ctrl + env.action_scale * ACTION_FRACTION * noise
     env.physics.step(controls[0])  # warm-up
     recorder.recording = True
-    start = time.perf_counter()
-    for ctrl in controls:
-        env.physics.step(ctrl)
-    rate = num_envs * steps / (time.perf_counter() - start)
+    rate = 0.0
+    for _ in range(REPEATS):
+        start = time.perf_counter()
+        for ctrl in controls:
+            env.physics.step(ctrl)
+        rate = max(rate, num_envs * steps / (time.perf_counter() - start))
     recorder.recording = False
     limit = recorder.c_limit_rate(threads)
     env.close()
