@@ -262,10 +262,8 @@ class MicroDuckEnv(MujocoEnv):
         n, j = self.num_envs, self.NUM_JOINTS
         zeros = lambda *shape, dtype=self.dtype: torch.zeros(*shape, dtype=dtype, device=self.device)  # noqa: E731
         self._task_id = zeros(n, dtype=torch.long)
-        self._episode_task = self._task_table[self._task_id]
-        self._episode_params = dict(self._episode_task["params"].items())
         self._command = zeros(n, 2)
-        self._gait_frequency = self._clock_frequency()
+        self._adopt_episodes()
         self._step_count = zeros(n, dtype=torch.long)
         self._previous_action = zeros(n, j)
         self._contacts = zeros(n, 2, dtype=torch.bool)
@@ -389,10 +387,12 @@ class MicroDuckEnv(MujocoEnv):
         """A ``(num_envs,)`` tensor of trunk yaw angles in radians, in ``(-pi, pi]``."""
         return heading(self.physics.qpos[:, 3:7].to(self.dtype))
 
-    def _clock_frequency(self) -> torch.Tensor:
-        """Each env's gait clock frequency in Hz: fixed by its task and command for the episode."""
-        task = self._episode_task
-        return task["gait_frequency_hz"] + task["gait_frequency_per_mps"] * self._command.norm(dim=-1)
+    def _adopt_episodes(self) -> None:
+        """Derive what each env's task and command fix for the episode: its task row, reward
+        params and gait clock frequency (Hz)."""
+        self._episode_task = task = self._task_table[self._task_id]
+        self._episode_params = dict(task["params"].items())
+        self._gait_frequency = task["gait_frequency_hz"] + task["gait_frequency_per_mps"] * self._command.norm(dim=-1)
 
     def _gait_clock(self) -> tuple[torch.Tensor, torch.Tensor]:
         elapsed = self._step_count.to(self.dtype) * self.control_dt
@@ -521,10 +521,8 @@ class MicroDuckEnv(MujocoEnv):
 
         column = rows.unsqueeze(-1)
         self._task_id = torch.where(rows, task_id, self._task_id)
-        self._episode_task = self._task_table[self._task_id]
-        self._episode_params = dict(self._episode_task["params"].items())
         self._command = torch.where(column, command, self._command)
-        self._gait_frequency = self._clock_frequency()
+        self._adopt_episodes()
         self._step_count = torch.where(rows, torch.zeros_like(self._step_count), self._step_count)
         self._previous_action = torch.where(column, torch.zeros_like(self._previous_action), self._previous_action)
         self._air_time = torch.where(column, torch.zeros_like(self._air_time), self._air_time)
