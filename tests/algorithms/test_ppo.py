@@ -339,7 +339,7 @@ def test_overlapped_actions_are_sampled_inside_a_deterministic_exploration_conte
     torch.manual_seed(0)
     trainer = PPO(point_env(8), PPOConfig(num_steps=4, overlap_rollout=True, **TINY))
     with set_exploration_type(ExplorationType.DETERMINISTIC):
-        batch = trainer._rollout(trainer._rollout_actor)
+        batch = trainer._rollout()
     assert not torch.allclose(batch["action"], batch["loc"])
     expected = torch.distributions.Normal(batch["loc"], batch["scale"]).log_prob(batch["action"]).sum(-1)
     torch.testing.assert_close(batch["action_log_prob"], expected)

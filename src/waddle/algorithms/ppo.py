@@ -3,8 +3,11 @@
 One call to :meth:`PPO.train_iteration` is one PPO iteration:
 
 1. roll the stochastic policy out for ``num_steps`` steps in every env, under
-   ``no_grad``, into a ``(num_envs, num_steps)`` TensorDict (finished envs are
-   reset in place by :meth:`~torchrl.envs.EnvBase.step_and_maybe_reset`);
+   ``no_grad``, into a ``(num_envs, num_steps)`` TensorDict, through TorchRL's
+   ``Collector`` (:class:`~waddle.collectors.rollout.RolloutCollector`:
+   finished envs are reset in place; the envs live in this process, or in
+   collector processes or Ray actors built from ``env_factories``, which
+   receive the policy's weights before every batch);
 2. compute advantages and value targets with TorchRL's :class:`GAE`
    (bootstrapping on truncation, not on termination);
 3. run ``num_epochs`` passes of ``num_minibatches`` shuffled minibatches
@@ -47,7 +50,7 @@ import copy
 import math
 import time
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -67,6 +70,7 @@ from waddle.algorithms.task_library import (
     saved_task_library,
     task_library,
 )
+from waddle.collectors.rollout import RolloutCollector
 from waddle.modules.networks import (
     LOG_STD_BOUNDS,
     OBSERVATION_KEY,
@@ -331,6 +335,13 @@ class PPO:
             after it (``None``: leave torch's setting alone). The physics
             pool idles while the networks learn, so on a CPU the update may
             use every core even when the rollout keeps torch to one thread.
+        env_factories: to collect outside this process, one picklable
+            ``() -> env`` per collector (see
+            :func:`waddle.algorithms.presets.collector_envs`); their envs'
+            batches are concatenated in order, and ``env`` then only
+            describes that batch (specs, total size): it is never stepped.
+        collector_backend: ``"process"`` or ``"ray"``, for ``env_factories``.
+        ray_init: ``ray.init`` keyword arguments for the ``"ray"`` backend.
 
     Attributes:
         env_steps: env steps taken so far (``num_envs`` per env step).
@@ -354,6 +365,9 @@ class PPO:
         device: torch.device | str | None = None,
         *,
         update_threads: int | None = None,
+        env_factories: Sequence[Callable[[], EnvBase]] | None = None,
+        collector_backend: str = "process",
+        ray_init: dict[str, Any] | None = None,
     ) -> None:
         if update_threads is not None and (
             isinstance(update_threads, bool) or not isinstance(update_threads, int) or update_threads < 1
@@ -433,10 +447,32 @@ class PPO:
             generator = torch.Generator(device=self.device).manual_seed(seed)
             self._rollout_actor = GeneratorActor(self._rollout_policy, generator)
 
+        # Rollouts through TorchRL's Collector: on this env, or on env_factories' envs in other processes.
+        # It is built at the first rollout: building resets the envs, which an evaluation that only
+        # loads a policy into this trainer must not see.
+        if env_factories is not None:
+            if config.overlap_rollout:
+                raise ValueError(
+                    "PPOConfig.overlap_rollout needs the envs in this process; with several collectors, "
+                    "leave it off (the collector processes step while this one waits)."
+                )
+            collected = sum(int(getattr(factory, "num_envs", 0)) for factory in env_factories)
+            if collected != self.num_envs:
+                raise ValueError(
+                    f"the collectors' envs add up to {collected}, but env has batch size {self.num_envs}; "
+                    "env describes the batch the collectors deliver (its specs and size)."
+                )
+        self._acting_actor = self.actor if self._rollout_actor is None else self._rollout_actor
+        self._collector_options: dict[str, Any] = (
+            {"env": env}
+            if env_factories is None
+            else {"env_factories": list(env_factories), "backend": collector_backend, "ray_init": ray_init}
+        )
+        self._collector: RolloutCollector | None = None
+
         # Rollout state carried across iterations.
         self.env_steps = 0
         self.iteration = 0
-        self._next_td: TensorDictBase | None = None
         self._running_return = torch.zeros(self.num_envs, device=self.device)
         self._running_length = torch.zeros(self.num_envs, dtype=torch.long, device=self.device)
         self._recent_returns: deque[float] = deque(maxlen=max(self.num_envs, 16))
@@ -449,23 +485,30 @@ class PPO:
     @torch.no_grad()
     def collect(self) -> TensorDictBase:
         """Roll the stochastic policy out for ``num_steps``; returns a ``(num_envs, num_steps)`` batch."""
-        batch = self._rollout(self.actor)
+        batch = self._rollout()
         self.env_steps += batch.numel()
         return batch
 
+    @property
+    def collector(self) -> RolloutCollector:
+        """The rollouts' source, started on first use (collector processes or Ray actors included)."""
+        if self._collector is None:
+            self._collector = RolloutCollector(
+                self._acting_actor, num_steps=self.config.num_steps, **self._collector_options
+            )
+        return self._collector
+
     @torch.no_grad()
-    def _rollout(self, actor: Any) -> TensorDictBase:
-        if self._next_td is None:
-            self._next_td = self.env.reset()
-        td = self._next_td
-        steps = []
-        for _ in range(self.config.num_steps):
-            td = actor(td.to(self.device))
-            td, next_td = self.env.step_and_maybe_reset(td)
-            steps.append(td)
-            td = next_td
-        self._next_td = td
-        return torch.stack(steps, dim=1).to(self.device)
+    def _rollout(self) -> TensorDictBase:
+        """The collector's next batch, acted by the weights the acting actor holds now."""
+        self.collector.update_weights(self._acting_actor)
+        return self.collector.next_batch().to(self.device)
+
+    def close(self) -> None:
+        """Stop the collectors (their processes or actors, if any); a later rollout starts them again."""
+        if self._collector is not None:
+            self._collector.shutdown()
+            self._collector = None
 
     def _record_episodes(self, batch: TensorDictBase) -> None:
         rewards = batch["next", "reward"].squeeze(-1)
@@ -635,7 +678,7 @@ class PPO:
         self._rollout_policy.load_state_dict(self.policy.state_dict())
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="waddle-rollout")
         try:
-            pending = executor.submit(self._rollout, self._rollout_actor)
+            pending = executor.submit(self._rollout)
             learn_start = time.perf_counter()
             try:
                 stats = self._learn(batch)
@@ -700,6 +743,5 @@ class PPO:
         self._set_learning_rate(float(state["learning_rate"]))
         self.env_steps = int(state["env_steps"])
         self.iteration = int(state["iteration"])
-        self._next_td = None
         self._running_return.zero_()
         self._running_length.zero_()
