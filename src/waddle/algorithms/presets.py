@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from waddle.algorithms.trainer import Trainer
+from waddle.collectors.rollout import split_envs
 from waddle.envs.microduck import MicroDuckEnv, MicroDuckTask
 from waddle.envs.microduck.randomization import PRESETS as RANDOMIZATION_PRESETS
 from waddle.physics import BACKENDS as PHYSICS_BACKENDS
@@ -147,6 +148,56 @@ def make_env(
     return MicroDuckEnv(tasks=tasks, num_envs=num_envs, seed=seed, backend=backend, device=device, **kwargs)
 
 
+COLLECTOR_SEED_STRIDE = 1_000_003
+"""Collector ``i`` of a run seeded ``s`` seeds its env and its sampling with ``s + i * COLLECTOR_SEED_STRIDE``:
+apart from each other and from the ``s + iteration`` seeds a resumed run starts from."""
+
+
+@dataclass(frozen=True)
+class CollectorEnv:
+    """What one collector process builds: :func:`make_env` of these arguments, with torch seeded first.
+
+    Picklable (plain fields), so TorchRL can ship it to a process or a Ray
+    actor; calling it there builds the env and seeds the worker's sampling.
+    """
+
+    task: str
+    num_envs: int
+    seed: int
+    num_threads: int
+    options: tuple[tuple[str, Any], ...] = ()
+    """Further :func:`make_env` keyword arguments, as ``(name, value)`` pairs."""
+
+    def __call__(self) -> MicroDuckEnv:
+        torch.manual_seed(self.seed)  # the worker's action noise
+        return make_env(
+            self.task, num_envs=self.num_envs, seed=self.seed, num_threads=self.num_threads, **dict(self.options)
+        )
+
+
+def collector_envs(
+    task: str, *, num_envs: int, collectors: int, seed: int, cores: int, **kwargs: Any
+) -> list[CollectorEnv]:
+    """One :class:`CollectorEnv` per collector: ``num_envs / collectors`` envs, ``cores / collectors``
+    physics threads (at least one), seeds ``seed + i * COLLECTOR_SEED_STRIDE``.
+
+    Raises:
+        ValueError: ``collectors`` does not split ``num_envs`` evenly (see
+            :func:`waddle.collectors.rollout.split_envs`), or ``task`` is unknown.
+
+    Example:
+        >>> [(e.num_envs, e.seed, e.num_threads) for e in collector_envs("walk", num_envs=8, collectors=2, seed=0, cores=2)]
+        [(4, 0, 1), (4, 1000003, 1)]
+    """
+    _choice("task", task, TASKS)
+    each = split_envs(num_envs, collectors)
+    threads = max(1, cores // collectors)
+    options = tuple(sorted(kwargs.items()))
+    return [
+        CollectorEnv(task, each, seed + index * COLLECTOR_SEED_STRIDE, threads, options) for index in range(collectors)
+    ]
+
+
 RENAMED_FIELDS: dict[str, dict[str, str]] = {
     "ppo": {"actor_hidden": "actor_hidden_sizes", "critic_hidden": "critic_hidden_sizes"},
     "shac": {
@@ -169,7 +220,12 @@ ADDED_ALGORITHM_FIELDS: dict[str, dict[str, Any]] = {"ppo": {"actor_observation"
 """As :data:`ADDED_FIELDS`, per ``--algo`` for the fields only that algorithm has (no
 ``actor_observation``: the actor read the full observation)."""
 
-ADDED_RUN_FIELDS: dict[str, Any] = {"randomization": "none"}
+ADDED_RUN_FIELDS: dict[str, Any] = {
+    "randomization": "none",
+    "collectors": 1,
+    "collector_backend": "process",
+    "ray_address": "",
+}
 """Run-config (``TrainConfig``) fields added since checkpoints were first written -> the value
 a checkpoint without the field was trained with (no field: no randomization)."""
 
@@ -239,11 +295,37 @@ def make_config(algo: str, overrides: Mapping[str, Any] | None = None) -> Any:
 
 
 def make_trainer(
-    algo: str, env: MicroDuckEnv, config: Any, device: torch.device | str = "cpu", *, update_threads: int | None = None
+    algo: str,
+    env: MicroDuckEnv,
+    config: Any,
+    device: torch.device | str = "cpu",
+    *,
+    update_threads: int | None = None,
+    env_factories: list[CollectorEnv] | None = None,
+    collector_backend: str = "process",
+    ray_init: dict[str, Any] | None = None,
 ) -> Trainer:
-    """``Trainer(env, config, device)`` for ``algo``; PPO also takes the threads of its update."""
+    """``Trainer(env, config, device)`` for ``algo``; PPO also takes the threads of its update and,
+    to collect in other processes or Ray actors, their envs' recipes (``env`` then only describes the batch).
+
+    Raises:
+        ValueError: ``env_factories`` for an algorithm that backpropagates through its env.
+    """
     _choice("algorithm", algo, ALGORITHMS)
     trainer_class, _ = ALGORITHMS[algo].classes()
     if algo == "ppo":
-        return trainer_class(env, config, device, update_threads=update_threads)
+        return trainer_class(
+            env,
+            config,
+            device,
+            update_threads=update_threads,
+            env_factories=env_factories,
+            collector_backend=collector_backend,
+            ray_init=ray_init,
+        )
+    if env_factories is not None:
+        raise ValueError(
+            f"--algo {algo} backpropagates through its env, which must live in the training process; "
+            "several collectors (--collectors, --ray-address) are for ppo."
+        )
     return trainer_class(env, config, device)

@@ -17,8 +17,9 @@ An optional TorchRL logger (:mod:`waddle.algorithms.loggers`) receives every
 column of every ``metrics.csv`` row as a scalar at step ``env_steps``.
 
 Stopping is always safe. A non-finite loss stops the run before anything of
-that iteration is saved; Ctrl-C stops it wherever it is; in both cases
-``checkpoint.pt`` holds the last complete, finite state.
+that iteration is saved, and so does a collector process that dies; Ctrl-C
+stops it wherever it is; in every case ``checkpoint.pt`` holds the last
+complete, finite state.
 """
 
 from __future__ import annotations
@@ -40,7 +41,10 @@ from waddle.algorithms.checkpoint import atomic_write, save_checkpoint
 from waddle.algorithms.loggers import LOGGERS
 from waddle.algorithms.presets import RANDOMIZATIONS
 from waddle.algorithms.trainer import Trainer
+from waddle.collectors.rollout import CollectorDiedError, split_envs
 
+REMOTE_COLLECTOR_BACKENDS = ("process", "ray")
+"""``TrainConfig.collector_backend`` names."""
 CHECKPOINT_FILE = "checkpoint.pt"
 METRICS_FILE = "metrics.csv"
 CURVE_FILE = "curve.png"
@@ -94,6 +98,14 @@ class TrainConfig:
     """Threads of torch's ops during PPO's update, while the physics pool idles (0: every core the process may use)."""
     logger: str = "none"
     """Also write the metrics through a TorchRL logger: 'csv', 'tensorboard' or 'wandb' (under the output directory)."""
+    collectors: int = 1
+    """Collector processes (PPO): each steps num_envs / collectors envs on cores / collectors threads, with its own
+    seed (1: the envs step in the training process)."""
+    collector_backend: str = "process"
+    """Where collectors run when there are several: 'process' (local processes) or 'ray' (Ray actors on the
+    cluster at ray_address, or on a local Ray instance started for the run)."""
+    ray_address: str = ""
+    """HOST:PORT of a running Ray cluster's head (implies collector_backend 'ray'); empty: start a local one."""
 
     def __post_init__(self) -> None:
         for name in ("num_envs", "total_steps", "checkpoint_every"):
@@ -107,6 +119,18 @@ class TrainConfig:
             raise ValueError(f"randomization must be one of {', '.join(RANDOMIZATIONS)}; got {self.randomization!r}.")
         if self.logger not in LOGGERS:
             raise ValueError(f"logger must be one of {', '.join(LOGGERS)}; got {self.logger!r}.")
+        if self.collector_backend not in REMOTE_COLLECTOR_BACKENDS:
+            raise ValueError(
+                f"collector_backend must be one of {', '.join(REMOTE_COLLECTOR_BACKENDS)}; got {self.collector_backend!r}."
+            )
+        if self.ray_address and self.collector_backend != "ray":
+            object.__setattr__(self, "collector_backend", "ray")
+        split_envs(self.num_envs, self.collectors)
+
+    @property
+    def remote_collectors(self) -> bool:
+        """Whether the envs step outside the training process (several collectors, or Ray)."""
+        return self.collectors > 1 or self.collector_backend == "ray"
 
 
 @dataclass
@@ -114,7 +138,8 @@ class RunResult:
     """How :meth:`Runner.run` ended."""
 
     status: str
-    """``"finished"``, ``"interrupted"`` (Ctrl-C) or ``"non-finite"`` (a NaN/inf loss)."""
+    """``"finished"``, ``"interrupted"`` (Ctrl-C), ``"non-finite"`` (a NaN/inf loss) or ``"collector-died"``
+    (a collector process or actor stopped)."""
     message: str
     """One line for the user."""
     env_steps: int
@@ -393,6 +418,8 @@ class Runner:
                     metrics = self.trainer.train_iteration()
                 except FloatingPointError as err:  # e.g. PPO's NonFiniteLossError, raised before its step
                     return self._stopped("non-finite", str(err), bar)
+                except CollectorDiedError as err:  # the iteration's batch is lost; the checkpoint is whole
+                    return self._stopped("collector-died", str(err), bar)
                 bad = non_finite_losses(metrics)
                 if bad:
                     values = ", ".join(f"{key}={metrics[key]}" for key in bad)

@@ -39,14 +39,24 @@ from waddle.algorithms.presets import (
     RANDOMIZATIONS,
     TASK_TOTAL_STEPS,
     TASKS,
+    collector_envs,
     make_config,
     make_env,
     make_trainer,
     upgrade_config_fields,
     upgrade_run_fields,
 )
-from waddle.algorithms.runner import CHECKPOINT_FILE, CONFIG_FILE, CURVE_FILE, METRICS_FILE, Runner, TrainConfig
+from waddle.algorithms.runner import (
+    CHECKPOINT_FILE,
+    CONFIG_FILE,
+    CURVE_FILE,
+    METRICS_FILE,
+    REMOTE_COLLECTOR_BACKENDS,
+    Runner,
+    TrainConfig,
+)
 from waddle.algorithms.trainer import Trainer
+from waddle.collectors.rollout import ray_init_options
 
 DEFAULT_OUT = "runs/train"
 VIDEO_FILE = "video.mp4"
@@ -58,6 +68,10 @@ RESUMABLE_FIELDS = (
     "run.torch_threads",
     "run.update_threads",
     "run.logger",
+    "run.collectors",
+    "run.collector_backend",
+    "run.ray_address",
+    "collectors",
 )
 """Config fields ``--resume`` lets a run change; any other difference is refused."""
 CHOICES = {
@@ -67,6 +81,7 @@ CHOICES = {
     "logger": LOGGERS,
     "randomization": RANDOMIZATIONS,
     "actor_observation": ACTOR_OBSERVATIONS,
+    "collector_backend": REMOTE_COLLECTOR_BACKENDS,
 }
 
 
@@ -338,27 +353,79 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(run_config.torch_threads)
     torch.manual_seed(run_config.seed + start_iteration)
     algorithm = ALGORITHMS[run_config.algo]
+    cores = len(os.sched_getaffinity(0))
+    env_options = dict(
+        backend=run_config.backend,
+        device=args.device,
+        # PPO logs each weighted reward term (reward/<term>) from the env's diagnostics.
+        diagnostics=not algorithm.differentiable,
+        randomization=run_config.randomization,
+    )
+    env_factories, ray_init = None, None
     try:
+        if run_config.remote_collectors:
+            if algorithm.differentiable:
+                raise ValueError(
+                    f"--algo {run_config.algo} backpropagates through its env, which must live in the training "
+                    "process; --collectors and --ray-address are for ppo."
+                )
+            env_factories = collector_envs(
+                run_config.task,
+                num_envs=run_config.num_envs,
+                collectors=run_config.collectors,
+                seed=run_config.seed + start_iteration,
+                # Local processes share this machine's cores; a Ray actor reserves one CPU wherever it lands.
+                cores=cores if run_config.collector_backend == "process" else run_config.collectors,
+                **env_options,
+            )
+            if run_config.collector_backend == "ray":
+                ray_init = ray_init_options(run_config.ray_address)
+            config["collectors"] = {
+                "backend": run_config.collector_backend,
+                "seeds": [factory.seed for factory in env_factories],
+                "envs_each": env_factories[0].num_envs,
+                "physics_threads_each": env_factories[0].num_threads,
+            }
+            if ray_init is None:
+                where = "local processes"
+            else:
+                where = f"the Ray cluster at {run_config.ray_address}" if run_config.ray_address else "local Ray"
+            print(
+                f"{len(env_factories)} collectors in {where}: {env_factories[0].num_envs} envs and "
+                f"{env_factories[0].num_threads} physics threads each, seeds {config['collectors']['seeds']}"
+            )
+        # With remote collectors this env only describes the batch (specs and size); it never steps.
         env = make_env(
             run_config.task,
             num_envs=run_config.num_envs,
             seed=run_config.seed + start_iteration,
-            backend=run_config.backend,
             differentiable=algorithm.differentiable,
-            device=args.device,
-            # PPO logs each weighted reward term (reward/<term>) from the env's diagnostics.
-            diagnostics=not algorithm.differentiable,
-            randomization=run_config.randomization,
+            **({"num_threads": 1} if env_factories is not None else {}),
+            **env_options,
         )
     except (ValueError, ImportError) as err:
         return _error(str(err).splitlines()[0])
     algo_config = make_config(run_config.algo, config["algorithm"])
-    update_threads = run_config.update_threads or len(os.sched_getaffinity(0))
-    trainer = make_trainer(run_config.algo, env, algo_config, args.device, update_threads=update_threads)
+    update_threads = run_config.update_threads or cores
+    try:
+        trainer = make_trainer(
+            run_config.algo,
+            env,
+            algo_config,
+            args.device,
+            update_threads=update_threads,
+            env_factories=env_factories,
+            collector_backend=run_config.collector_backend,
+            ray_init=ray_init,
+        )
+    except (ValueError, ImportError, RuntimeError) as err:
+        env.close()
+        return _error(f"could not start the collectors: {str(err).splitlines()[0]}")
     if source is not None:
         try:
             report = load_weights(trainer, run_config.algo, source, path=args.init_from)
         except InitFromError as err:
+            _close(trainer)
             env.close()
             return _error(str(err))
         print(f"initialised from {args.init_from}: {report.summary()}")
@@ -384,12 +451,15 @@ def run(args: argparse.Namespace) -> int:
                 return _error(f"checkpoint {out / CHECKPOINT_FILE} does not fit its config: {reason}")
         result = runner.run()
     finally:
+        _close(trainer)
         env.close()
         if logger is not None:
             logger.close()
     if result.status == "interrupted":
         print(f"waddle train: {result.message}", file=sys.stderr)
         return 130
+    if result.status == "collector-died":
+        return _error(f"{result.message} Resume with: waddle train --out {out} --resume")
     if result.status != "finished":
         return _error(result.message)
 
@@ -409,6 +479,13 @@ def run(args: argparse.Namespace) -> int:
         summary += f"; episode return {row['charts/episode_return']:.2f}, length {row['charts/episode_length']:.0f}"
     print(f"{summary}; wrote {', '.join(written)} to {out}")
     return 0
+
+
+def _close(trainer: Trainer) -> None:
+    """Stop the trainer's collectors, if it has any to stop."""
+    close = getattr(trainer, "close", None)
+    if close is not None:
+        close()
 
 
 def _film(trainer: Trainer, run_config: TrainConfig, path: Path, device: str) -> None:
