@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import math
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -282,6 +283,28 @@ def _wait_for(predicate, timeout: float, what: str):
             return value
         time.sleep(0.2)
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def test_train_refuses_bad_collector_settings_before_building_anything(tmp_path):
+    pytest.importorskip("ray")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    cases = [
+        (["--collectors", "0"], "collectors must be an integer >= 1, got 0"),
+        (["--collectors", "3"], r"num_envs \(8\) must be divisible by collectors \(3\)"),
+        (["--collectors", "2", "--ray-address", f"127.0.0.1:{port}"], f"cannot reach a Ray head at 127.0.0.1:{port}"),
+    ]
+    cases = [([*TRAIN_TINY, *flags], message) for flags, message in cases]
+    cases.append((["--num-envs", "8", "--collectors", "2", "--algo", "shac"], "--algo shac backpropagates through"))
+    for index, (flags, message) in enumerate(cases):
+        start = time.monotonic()
+        result = _waddle("train", *flags, "--out", str(tmp_path / str(index)), timeout=120)
+        assert result.returncode == 1, (flags, result.stderr)
+        assert re.search(message, result.stderr), (flags, result.stderr)
+        assert "Traceback" not in result.stderr
+        assert time.monotonic() - start < 30.0
+        assert not (tmp_path / str(index) / "checkpoint.pt").exists()
 
 
 @pytest.mark.slow

@@ -498,6 +498,10 @@ class PPO:
             )
         return self._collector
 
+    def start_collectors(self) -> None:
+        """Start the collector now rather than at the first rollout: remote ones fail here, before training."""
+        self.collector  # noqa: B018 (the property starts it)
+
     @torch.no_grad()
     def _rollout(self) -> TensorDictBase:
         """The collector's next batch, acted by the weights the acting actor holds now."""

@@ -418,9 +418,16 @@ def run(args: argparse.Namespace) -> int:
             collector_backend=run_config.collector_backend,
             ray_init=ray_init,
         )
-    except (ValueError, ImportError, RuntimeError) as err:
+    except ValueError as err:
         env.close()
-        return _error(f"could not start the collectors: {str(err).splitlines()[0]}")
+        return _error(str(err).splitlines()[0])
+    if env_factories is not None:
+        try:
+            trainer.start_collectors()
+        except Exception as err:  # whatever the processes or Ray raise: report it before anything trains
+            _close(trainer)
+            env.close()
+            return _error(f"could not start the collectors: {str(err).strip().splitlines()[0]}")
     if source is not None:
         try:
             report = load_weights(trainer, run_config.algo, source, path=args.init_from)
