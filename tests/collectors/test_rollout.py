@@ -307,26 +307,43 @@ def test_train_refuses_bad_collector_settings_before_building_anything(tmp_path)
         assert not (tmp_path / str(index) / "checkpoint.pt").exists()
 
 
-@pytest.mark.slow
-def test_train_with_two_collector_processes_survives_a_killed_worker_and_resumes(tmp_path):
-    out = tmp_path / "run"
-    argv = [sys.executable, "-m", "waddle", "train", *TRAIN_TINY, "--collectors", "2", "--checkpoint-every", "1"]
+def _kill_a_worker_mid_run(argv: list[str], out: Path, find_workers, *, iterations: int, env=None):
+    """Run ``waddle train argv``, SIGKILL the last of ``find_workers(pid)`` once ``iterations`` rows are logged;
+    returns ``(returncode, stdout, stderr)``."""
     run = subprocess.Popen(
-        [*argv, "--total-steps", str(1000 * STEPS_PER_ITERATION), "--out", str(out)],
+        [sys.executable, "-m", "waddle", "train", *argv, "--out", str(out)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env=env,
     )
     try:
-        _wait_for(lambda: (out / "metrics.csv").exists() and len(_metrics(out)) >= 3, 120, "three iterations")
-        workers = _wait_for(lambda: _spawned_workers(run.pid), 10, "the collector processes")
-        assert len(workers) == 2
-        os.kill(workers[1], signal.SIGKILL)
-        stdout, stderr = run.communicate(timeout=90)
+        done = lambda: (out / "metrics.csv").exists() and len(_metrics(out)) >= iterations  # noqa: E731
+        _wait_for(done, 120, f"{iterations} iterations")
+        workers = _wait_for(lambda: find_workers(run.pid), 10, "the collectors")
+        os.kill(workers[-1], signal.SIGKILL)
+        stdout, stderr = run.communicate(timeout=120)
     finally:
         if run.poll() is None:
             run.kill()
-    assert run.returncode == 1, stderr
+    return run.returncode, stdout, stderr
+
+
+@pytest.mark.slow
+def test_train_with_two_collector_processes_survives_a_killed_worker_and_resumes(tmp_path):
+    out = tmp_path / "run"
+    argv = [
+        *TRAIN_TINY,
+        "--collectors",
+        "2",
+        "--checkpoint-every",
+        "1",
+        "--total-steps",
+        str(1000 * STEPS_PER_ITERATION),
+    ]
+
+    returncode, stdout, stderr = _kill_a_worker_mid_run(argv, out, _spawned_workers, iterations=3)
+    assert returncode == 1, stderr
     assert "killed by signal SIGKILL" in stderr
     assert f"waddle train --out {out} --resume" in stderr
     assert "collectors in local processes: 4 envs and 1 physics threads each" in stdout
@@ -398,7 +415,7 @@ def _ray_actor_pids() -> list[int]:
                 command = (entry / "cmdline").read_bytes()
             except OSError:
                 continue
-            if command.startswith(b"ray::") and b"IDLE" not in command:
+            if command.startswith(b"ray::Collector"):  # TorchRL's collector actors (not Ray's own agents)
                 pids.append(int(entry.name))
     return sorted(pids)
 
@@ -422,22 +439,9 @@ def test_train_on_a_ray_cluster_then_lose_an_actor(tmp_path, ray_head):
 
     # A second run loses one of its actors mid-run: a clear message, and the checkpoint stays whole.
     out = tmp_path / "ray-killed"
-    run = subprocess.Popen(
-        [sys.executable, "-m", "waddle", "train", *common, "--total-steps", "10000000", "--out", str(out)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    try:
-        _wait_for(lambda: (out / "metrics.csv").exists() and len(_metrics(out)) >= 2, 120, "two iterations")
-        actors = _wait_for(_ray_actor_pids, 10, "the Ray collector actors")
-        os.kill(actors[0], signal.SIGKILL)
-        _, stderr = run.communicate(timeout=120)
-    finally:
-        if run.poll() is None:
-            run.kill()
-    assert run.returncode == 1, stderr
+    argv = [*common, "--total-steps", "10000000"]
+    returncode, _, stderr = _kill_a_worker_mid_run(argv, out, lambda pid: _ray_actor_pids(), iterations=2, env=env)
+    assert returncode == 1, stderr
     assert "a Ray collector actor stopped" in stderr
     assert "--resume" in stderr
     saved = torch.load(out / "checkpoint.pt", weights_only=True)
