@@ -99,8 +99,9 @@ RAY_CONNECT_TIMEOUT_S = 10.0
 def ray_init_options(address: str, *, timeout_s: float = RAY_CONNECT_TIMEOUT_S) -> dict[str, Any]:
     """``ray.init`` keyword arguments for the cluster whose head is at ``address`` (``""``: a local instance).
 
-    Ray itself retries an unreachable address for minutes; this checks the
-    head's port first and fails within ``timeout_s``.
+    Ray itself keeps retrying an address that does not answer; this checks
+    the head's port first and fails within ``timeout_s``. (A port that
+    answers but is no Ray head makes ``ray.init`` fail about 20 s later.)
 
     Raises:
         ImportError: Ray is not installed (it is the ``ray`` extra).
