@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
+from tensordict import TensorDict
 
-from waddle.envs.microduck.rewards import GAIT_TERMS, REWARD_PARAMS, REWARD_TERMS, register_reward
+from waddle.envs.microduck.rewards import GAIT_TERMS, REWARD_PARAMS, REWARD_TERMS, register_reward, tracking
 from waddle.envs.microduck.tasks import (
     COMMAND_THRESHOLD,
     MicroDuckTask,
@@ -89,11 +92,27 @@ def test_speed_range_task():
     assert task.name == "speed_range+0.10..+0.30"
     assert_vector(task.command_low, [0.1, 0.0])
     assert_vector(task.command_high, [0.3, 0.0])
-    # clock: 1 Hz + 5 Hz per m/s, so 1.5 Hz at 0.1 m/s and 2.5 Hz at 0.3 m/s
-    assert_vector(task.gait_frequency_hz, 1.0)
-    assert_vector(task.gait_frequency_per_mps, 5.0)
+    # clock: 0.25 Hz + 8 Hz per m/s, so 1.05 Hz at 0.1 m/s, 1.85 Hz at 0.2 and 2.65 Hz at 0.3
+    assert_vector(task.gait_frequency_hz, 0.25)
+    assert_vector(task.gait_frequency_per_mps, 8.0)
+    clock = task.gait_frequency_hz + task.gait_frequency_per_mps * torch.tensor([0.1, 0.2, 0.3])
+    torch.testing.assert_close(clock, torch.tensor([1.05, 1.85, 2.65]))
+    # the tracking Gaussian is half the default's width: 0.03 m/s off costs 1 - exp(-0.36) = 30 % of the term
+    assert_vector(task.params["tracking_std"], 0.05)
+    assert_vector(task.params["tracking_off_axis_std"], 0.05)
     assert weights_of(task) == pytest.approx({**defaults(), "heading_hold": 2.0})
     assert_vector(task.gait_prior_lift, 0.25)
+    features = TensorDict(
+        {
+            "command": torch.tensor([[0.1, 0.0]]),
+            "body_velocity": torch.tensor([[0.13, 0.0, 0.0]]),
+            "upright": torch.ones(1),
+            "gait_phase": torch.zeros(1),
+        },
+        batch_size=[1],
+    )
+    paid = tracking(features, task.params.unsqueeze(0))
+    torch.testing.assert_close(paid, torch.tensor([math.exp(-0.36)]))
 
 
 def test_sidestep_task():
