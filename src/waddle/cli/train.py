@@ -39,6 +39,7 @@ from waddle.algorithms.presets import (
     RANDOMIZATIONS,
     TASK_TOTAL_STEPS,
     TASKS,
+    CollectorEnv,
     collector_envs,
     make_config,
     make_env,
@@ -364,36 +365,7 @@ def run(args: argparse.Namespace) -> int:
     env_factories, ray_init = None, None
     try:
         if run_config.remote_collectors:
-            if algorithm.differentiable:
-                raise ValueError(
-                    f"--algo {run_config.algo} backpropagates through its env, which must live in the training "
-                    "process; --collectors and --ray-address are for ppo."
-                )
-            env_factories = collector_envs(
-                run_config.task,
-                num_envs=run_config.num_envs,
-                collectors=run_config.collectors,
-                seed=run_config.seed + start_iteration,
-                # Local processes share this machine's cores; a Ray actor reserves one CPU wherever it lands.
-                cores=cores if run_config.collector_backend == "process" else run_config.collectors,
-                **env_options,
-            )
-            if run_config.collector_backend == "ray":
-                ray_init = ray_init_options(run_config.ray_address)
-            config["collectors"] = {
-                "backend": run_config.collector_backend,
-                "seeds": [factory.seed for factory in env_factories],
-                "envs_each": env_factories[0].num_envs,
-                "physics_threads_each": env_factories[0].num_threads,
-            }
-            if ray_init is None:
-                where = "local processes"
-            else:
-                where = f"the Ray cluster at {run_config.ray_address}" if run_config.ray_address else "local Ray"
-            print(
-                f"{len(env_factories)} collectors in {where}: {env_factories[0].num_envs} envs and "
-                f"{env_factories[0].num_threads} physics threads each, seeds {config['collectors']['seeds']}"
-            )
+            env_factories, ray_init = _remote_collectors(run_config, config, start_iteration, cores, env_options)
         # With remote collectors this env only describes the batch (specs and size); it never steps.
         env = make_env(
             run_config.task,
@@ -486,6 +458,49 @@ def run(args: argparse.Namespace) -> int:
         summary += f"; episode return {row['charts/episode_return']:.2f}, length {row['charts/episode_length']:.0f}"
     print(f"{summary}; wrote {', '.join(written)} to {out}")
     return 0
+
+
+def _remote_collectors(
+    run_config: TrainConfig, config: dict[str, Any], start_iteration: int, cores: int, env_options: dict[str, Any]
+) -> tuple[list[CollectorEnv], dict[str, Any] | None]:
+    """The collectors' env recipes and ``ray.init`` options; records their seeds in ``config`` and says where they run.
+
+    Raises:
+        ValueError: the algorithm needs its env in process, or the Ray address cannot be reached.
+        ImportError: Ray is asked for and not installed.
+    """
+    if ALGORITHMS[run_config.algo].differentiable:
+        raise ValueError(
+            f"--algo {run_config.algo} backpropagates through its env, which must live in the training "
+            "process; --collectors and --ray-address are for ppo."
+        )
+    local = run_config.collector_backend == "process"
+    env_factories = collector_envs(
+        run_config.task,
+        num_envs=run_config.num_envs,
+        collectors=run_config.collectors,
+        seed=run_config.seed + start_iteration,
+        # Local processes share this machine's cores; a Ray actor reserves one CPU wherever it lands.
+        cores=cores if local else run_config.collectors,
+        **env_options,
+    )
+    ray_init = None if local else ray_init_options(run_config.ray_address)
+    first = env_factories[0]
+    config["collectors"] = {
+        "backend": run_config.collector_backend,
+        "seeds": [factory.seed for factory in env_factories],
+        "envs_each": first.num_envs,
+        "physics_threads_each": first.num_threads,
+    }
+    if local:
+        where = "local processes"
+    else:
+        where = f"the Ray cluster at {run_config.ray_address}" if run_config.ray_address else "local Ray"
+    print(
+        f"{len(env_factories)} collectors in {where}: {first.num_envs} envs and {first.num_threads} physics "
+        f"threads each, seeds {config['collectors']['seeds']}"
+    )
+    return env_factories, ray_init
 
 
 def _close(trainer: Trainer) -> None:
