@@ -41,9 +41,9 @@ from waddle.algorithms.checkpoint import atomic_write, save_checkpoint
 from waddle.algorithms.loggers import LOGGERS
 from waddle.algorithms.presets import RANDOMIZATIONS
 from waddle.algorithms.trainer import Trainer
-from waddle.collectors.rollout import CollectorDiedError, split_envs
+from waddle.collectors.rollout import COLLECTOR_BACKENDS, CollectorDiedError, split_envs
 
-REMOTE_COLLECTOR_BACKENDS = ("process", "ray")
+REMOTE_COLLECTOR_BACKENDS = tuple(backend for backend in COLLECTOR_BACKENDS if backend != "direct")
 """``TrainConfig.collector_backend`` names."""
 CHECKPOINT_FILE = "checkpoint.pt"
 METRICS_FILE = "metrics.csv"

@@ -278,9 +278,20 @@ class RolloutCollector:
             raise failure[0]
 
     def _raise_if_dead(self) -> None:
-        died = self._died(RuntimeError("liveness check"))
+        died = self._dead_processes()
         if died is not None:
             raise CollectorDiedError(died)
+
+    def _dead_processes(self) -> str | None:
+        """A message naming each dead collector process and why it stopped, or None while all live."""
+        procs = getattr(self._collector, "procs", None) or [] if self._collector is not None else []
+        # TorchRL closes the live workers when it finds a dead one (a closed one can no longer be asked).
+        dead = [(index, proc) for index, proc in enumerate(procs) if not proc._closed and not proc.is_alive()]
+        if not dead:
+            return None
+        return "; ".join(
+            f"collector process {index} (pid {proc.pid}) {exit_reason(proc.exitcode)}" for index, proc in dead
+        )
 
     def shutdown(self) -> None:
         """Stop the collectors (and their processes or actors); safe to call twice."""
@@ -299,13 +310,9 @@ class RolloutCollector:
             if type(err).__module__.startswith("ray."):  # RayActorError and kin: an actor or its node is gone
                 return f"a Ray collector actor stopped ({type(err).__name__}): {_first_line(err)}"
             return None
-        procs = getattr(self._collector, "procs", None) or [] if self._collector is not None else []
-        # TorchRL closes the live workers when it finds a dead one (a closed one can no longer be asked).
-        dead = [(index, proc) for index, proc in enumerate(procs) if not proc._closed and not proc.is_alive()]
-        if dead:
-            return "; ".join(
-                f"collector process {index} (pid {proc.pid}) {exit_reason(proc.exitcode)}" for index, proc in dead
-            )
+        dead = self._dead_processes()
+        if dead is not None:
+            return dead
         reported = re.search(r"worker (\d+) \(exit code (-?\d+)\)", str(err))
         if reported:
             return f"collector process {reported[1]} {exit_reason(int(reported[2]))}"
