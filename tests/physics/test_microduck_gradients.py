@@ -1,15 +1,19 @@
-"""MicroDuck on MJX: autograd through the physics against central differences.
+"""MicroDuck on MJX: autograd through ``requires_grad=True`` against central
+differences of ``requires_grad=False``.
+
+The finite differences run the plain path (MJX's own solver, iterating to its
+tolerance), so these tests check that the differentiable path differentiates
+the robot that the plain path simulates, not only its own program.
 
 With the floor in the scene the loss jumps whenever a sole corner makes or
 breaks contact, and central differences do not converge (in float32 or
 float64). So the robot falls freely here (the floor is removed, and its geoms
 never collide with each other): every joint, servo, inertia and the servos'
-friction loss are the real model's, the dynamics are smooth, and the
-derivative of the computed loss must match central differences of the same
-computation. Float64, eps 1e-5: the truncation error is ~eps^2 times the third
-derivative and the rounding error ~1e-16 / eps, both far below the tolerance
-(relative 1e-5). Contact-rich agreement is tested against MuJoCo C in
-``test_microduck_parity.py`` and ``test_backend_parity.py``.
+friction loss (a constraint the solver iterates on) are the real model's, and
+the dynamics are smooth. Float64, eps 1e-5: the truncation error is ~eps^2
+times the third derivative and the rounding error ~1e-16 / eps. Contact-rich
+agreement is tested against MuJoCo C in ``test_microduck_parity.py`` and
+``test_backend_parity.py``.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ pytest.importorskip("mujoco.mjx", reason="needs the mjx extra: pip install 'wadd
 
 from helpers.gradients import central_difference  # noqa: E402
 
+from waddle.envs.microduck import MicroDuckEnv  # noqa: E402
 from waddle.envs.microduck.constants import EMBEDDED_SCENE, FOOT_SITES, IMU_SITE, STAND_KEYFRAME  # noqa: E402
 from waddle.physics import make_backend  # noqa: E402
 
@@ -33,16 +38,19 @@ def test_microduck_mjx_gradients_match_central_differences():
     spec = mujoco.MjSpec.from_file(str(EMBEDDED_SCENE))
     spec.delete(spec.geom("floor"))
     model = spec.compile()
-    sim = make_backend(
-        "mjx",
-        spec,
-        num_envs=NUM_ENVS,
-        frame_skip=FRAME_SKIP,
-        site_names=(*FOOT_SITES, IMU_SITE),
-        dtype=torch.float64,
-        requires_grad=True,
-        compiler_options={"xla_llvm_disable_expensive_passes": True},
-    )
+    sims = {
+        requires_grad: make_backend(
+            "mjx",
+            spec,
+            num_envs=NUM_ENVS,
+            frame_skip=FRAME_SKIP,
+            site_names=(*FOOT_SITES, IMU_SITE),
+            dtype=torch.float64,
+            requires_grad=requires_grad,
+            compiler_options={"xla_llvm_disable_expensive_passes": True},
+        )
+        for requires_grad in (True, False)
+    }
     key = model.key(STAND_KEYFRAME)
     gen = torch.Generator().manual_seed(0)
     qpos0 = torch.tensor(key.qpos, dtype=torch.float64).repeat(NUM_ENVS, 1)
@@ -54,7 +62,7 @@ def test_microduck_mjx_gradients_match_central_differences():
     site_weights = torch.randn(NUM_ENVS, 3, 3, generator=gen, dtype=torch.float64)
     joint_weights = torch.randn(NUM_ENVS, model.nq - 7, generator=gen, dtype=torch.float64)
 
-    def loss(controls, qvel0):
+    def loss(controls, qvel0, sim=sims[True]):
         sim.reset(qpos0, qvel0)
         for ctrl in controls:
             sim.step(ctrl)
@@ -77,9 +85,56 @@ def test_microduck_mjx_gradients_match_central_differences():
 
     for index, grad, point in ((0, controls_var.grad, "ctrl"), (1, qvel_var.grad, "qvel")):
         direction = torch.randn(grad.shape, generator=gen, dtype=torch.float64)
-        # evaluated with grad recording on, so the compiled differentiable
-        # forward is reused instead of compiling the no-grad program too
-        finite_difference = central_difference(loss, (controls, qvel0), index, direction, record_grad=True)
+        finite_difference = central_difference(
+            lambda controls, qvel0: loss(controls, qvel0, sims[False]), (controls, qvel0), index, direction
+        )
         autograd = (grad * direction).sum().item()
         assert abs(autograd) > 1e-3, point  # a derivative worth comparing
         assert autograd == pytest.approx(finite_difference, rel=1e-5, abs=1e-8), point
+
+
+@pytest.mark.slow
+def test_microduck_env_policy_gradient_matches_central_differences_of_the_plain_path(tmp_path):
+    """The env end to end: a 4-step rollout of a tanh-linear policy, loss = mean
+    reward; the policy's gradient through ``requires_grad=True`` against central
+    differences of the same loss on ``requires_grad=False``."""
+    spec = mujoco.MjSpec.from_file(str(EMBEDDED_SCENE))
+    spec.delete(spec.geom("floor"))
+    scene = tmp_path / "floorless.xml"
+    scene.write_text(spec.to_xml())
+
+    def make(requires_grad):
+        return MicroDuckEnv(
+            scene,
+            num_envs=NUM_ENVS,
+            backend="mjx",
+            seed=0,
+            dtype=torch.float64,
+            requires_grad=requires_grad,
+            compiler_options={"xla_llvm_disable_expensive_passes": True},
+        )
+
+    envs = {requires_grad: make(requires_grad) for requires_grad in (True, False)}
+    obs_dim = envs[True].observation_spec["observation"].shape[-1]
+    gen = torch.Generator().manual_seed(0)
+    weight = 0.05 * torch.randn(14, obs_dim, generator=gen, dtype=torch.float64)
+
+    def mean_reward(weight, env):
+        env.set_seed(0)  # the same reset draws (start pose, command) for every evaluation
+        td = env.reset()
+        rewards = []
+        for _ in range(4):
+            td["action"] = torch.tanh(td["observation"] @ weight.T)
+            td = env.step(td)
+            assert not td["next", "done"].any()  # the episode, and the function, is smooth
+            rewards.append(td["next", "reward"])
+            td = td["next"]
+        return torch.stack(rewards).mean()
+
+    weight_var = weight.clone().requires_grad_(True)
+    mean_reward(weight_var, envs[True]).backward()
+    direction = torch.randn(weight.shape, generator=gen, dtype=torch.float64)
+    autograd = (weight_var.grad * direction).sum().item()
+    finite_difference = central_difference(lambda w: mean_reward(w, envs[False]), (weight,), 0, direction)
+    assert abs(finite_difference) > 1e-4  # a derivative worth comparing
+    assert autograd == pytest.approx(finite_difference, rel=1e-2)

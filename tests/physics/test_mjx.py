@@ -149,11 +149,6 @@ def test_gradients_match_central_differences(batch_chunks):
         compiler_options=FAST_COMPILE,
     )
     assert sim._diff_step.batch_chunks == batch_chunks
-    # The differentiable path solves with one Newton iteration (no while_loop).
-    assert sim.sim_model.opt.iterations == 1
-    assert sim.sim_model.opt.solver == mujoco.mjtSolver.mjSOL_NEWTON
-    assert sim.sim_model.opt.ls_iterations >= 32
-    assert model.opt.iterations == 100  # the caller's model is untouched
 
     # with grad recording on in the central differences, so the compiled
     # differentiable forward is reused

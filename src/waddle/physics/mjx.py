@@ -23,19 +23,19 @@ Differentiability (``requires_grad=True``):
     gradient.
 
     MJX's constraint solver iterates in a ``lax.while_loop`` that reverse mode
-    cannot differentiate; with ``opt.iterations == 1`` it runs its single
-    iteration straight-line, and its line search is a fixed-length
-    ``lax.scan``, which can be differentiated. The differentiable path
-    therefore uses its own copy of the model with the Newton solver, **one
-    solver iteration**, and ``ls_iterations`` line-search steps (default: at
-    least 32). Newton converges in one step whenever the set of active
-    constraints does not change, and starts from the previous step's
-    acceleration (the warm start), so the forward dynamics stay close to a
-    fully converged solve; contact-rich states can still differ slightly from
-    ``requires_grad=False``, which solves with the model's own settings.
-    Gradients through contacts are those of MuJoCo's soft contact model as MJX
-    computes them (no smoothing is added). Site positions read right after a
-    :meth:`~MjxBackend.reset` carry no gradient (those after a step do).
+    cannot differentiate. The differentiable path steps the same model with
+    the same solver settings, but runs the solver as a fixed-length
+    ``lax.scan`` of ``solver_iterations`` iterations that turn into no-ops
+    once MJX's own convergence test holds (:mod:`waddle.physics.mjx_unrolled`).
+    Whenever the solve converges within ``solver_iterations`` (from the warm
+    start, Newton usually needs 1-4), the trajectory is exactly the one
+    ``requires_grad=False`` simulates, so a policy trained through gradients
+    is evaluated on the robot it was trained on. Under ``vmap`` every scanned
+    iteration is computed, so a step costs about ``solver_iterations`` times
+    one iteration. Gradients through contacts are those of MuJoCo's soft
+    contact model as MJX computes them (no smoothing is added). Site positions
+    read right after a :meth:`~MjxBackend.reset` carry no gradient (those
+    after a step do).
 
 Contact flags: MJX evaluates every candidate geom pair each substep and pads
 the contact arrays to a fixed size; a padded or separated candidate has
@@ -57,7 +57,6 @@ Tensors returned by the state accessors share memory with the JAX state
 from __future__ import annotations
 
 import contextlib
-import copy
 import io
 from collections.abc import Mapping
 
@@ -80,9 +79,12 @@ except ImportError as err:  # pragma: no cover - exercised without the extra
 
 from waddle.bridge import JaxFunction, resolve_batch_chunks
 from waddle.bridge.dlpack import jax_device, jax_to_torch, torch_to_jax
+from waddle.physics import mjx_unrolled
 from waddle.physics.base import PhysicsBackend
 
-_DEFAULT_DIFF_LS_ITERATIONS = 32
+#: Unrolled solver iterations per substep on the differentiable path; see
+#: ``benchmarks/differentiable.py --sections solver`` for accuracy against cost.
+DEFAULT_SOLVER_ITERATIONS = 8
 _OUTPUTS = ("qpos", "qvel", "time", "sites", "contacts")
 
 
@@ -102,9 +104,11 @@ class MjxBackend(PhysicsBackend):
     """MuJoCo MJX (JAX), batched with ``jax.vmap`` and compiled with ``jax.jit``.
 
     Args:
-        ls_iterations: line-search steps of the one-iteration Newton solve used
-            when ``requires_grad=True`` (see the module docstring). Defaults to
-            the model's own ``opt.ls_iterations``, and at least 32.
+        solver_iterations: with ``requires_grad=True``, the constraint
+            solver's iterations per substep, unrolled so that reverse mode goes
+            through them (see the module docstring); at most the model's own
+            ``opt.iterations``, which caps it. Default:
+            :data:`DEFAULT_SOLVER_ITERATIONS`.
         batch_chunks: with ``requires_grad=True``, run the differentiable
             step as this many equal row blocks of the batch at once, one
             thread each (see :class:`waddle.bridge.JaxFunction`); it must
@@ -128,7 +132,7 @@ class MjxBackend(PhysicsBackend):
         self,
         model: mujoco.MjModel | mujoco.MjSpec,
         *,
-        ls_iterations: int | None = None,
+        solver_iterations: int | None = None,
         batch_chunks: int | str = "auto",
         compiler_options: dict | None = None,
         **kwargs,
@@ -142,19 +146,15 @@ class MjxBackend(PhysicsBackend):
         self._site_ids = np.asarray(self.site_ids, dtype=np.int32)
         self._geom_ids = np.asarray(self.contact_geom_ids, dtype=np.int32)
 
-        sim_model = self.model
-        if self.requires_grad:
-            sim_model = copy.deepcopy(self.model)
-            sim_model.opt.solver = mujoco.mjtSolver.mjSOL_NEWTON
-            sim_model.opt.iterations = 1
-            sim_model.opt.ls_iterations = int(
-                ls_iterations or max(self.model.opt.ls_iterations, _DEFAULT_DIFF_LS_ITERATIONS)
-            )
-        self.sim_model = sim_model
+        if solver_iterations is None:
+            solver_iterations = DEFAULT_SOLVER_ITERATIONS
+        if isinstance(solver_iterations, bool) or not isinstance(solver_iterations, int) or solver_iterations < 1:
+            raise ValueError(f"solver_iterations must be an integer >= 1, got {solver_iterations!r}.")
+        self.solver_iterations = min(solver_iterations, int(self.model.opt.iterations))
 
         self._compiler_options = dict(compiler_options or {})
         with self._jax_scope():
-            self._mx = mjx.put_model(sim_model, device=self._jax_device, impl="jax")
+            self._mx = mjx.put_model(self.model, device=self._jax_device, impl="jax")
             self._d0 = mjx.make_data(self._mx, device=self._jax_device, impl="jax")
             self._build_functions()
 
@@ -241,6 +241,16 @@ class MjxBackend(PhysicsBackend):
             return
 
         mx = self._mx
+        iterations = self.solver_iterations
+
+        def unrolled_substeps(m, d, ctrl):
+            d = d.replace(ctrl=ctrl)
+
+            def body(d, _):
+                return mjx_unrolled.step(m, d, iterations), None
+
+            d, _ = jax.lax.scan(body, d, None, length=frame_skip)
+            return d
 
         def pure_step(qpos, qvel, ctrl, act, warm, time):
             def one(qpos, qvel, ctrl, act, warm, time):
@@ -251,7 +261,7 @@ class MjxBackend(PhysicsBackend):
                     qacc_warmstart=jax.lax.stop_gradient(warm),
                     time=jax.lax.stop_gradient(time),
                 )
-                d = substeps(mx, d, ctrl)
+                d = unrolled_substeps(mx, d, ctrl)
                 return (
                     d.qpos,
                     d.qvel,
@@ -448,4 +458,4 @@ class MjxBackend(PhysicsBackend):
         self._outputs = {}
 
 
-__all__ = ["MjxBackend"]
+__all__ = ["DEFAULT_SOLVER_ITERATIONS", "MjxBackend"]

@@ -1,0 +1,228 @@
+"""The differentiable MJX path against the plain one: trajectory gap and cost per solver iteration.
+
+``MjxBackend(requires_grad=True)`` runs MJX's constraint solver as a
+fixed-length scan of ``solver_iterations`` iterations (so that reverse mode
+goes through it) that stop changing once MJX's own convergence test holds.
+This script prints, in one run:
+
+* ``gap``: the MicroDuck, float64, same start and same random actions, 20
+  control steps (200 substeps): the largest ``|qpos|`` difference after 1, 10
+  and 20 control steps to native MuJoCo C and to MJX's plain path
+  (``requires_grad=False``), for the plain path and for ``requires_grad=True``
+  at each of ``--iterations``, with the floor and without it (the robot
+  falling freely: only the servos' friction loss and joint limits are
+  constraints). With the floor, contacts make the dynamics chaotic, so even
+  the plain path drifts from C by round-off growth; the gap to the plain path
+  is the one the differentiable path adds;
+* ``speed``: ``MicroDuckEnv(backend="mjx", requires_grad=True)``, float64:
+  forward+backward control steps per second (a ``--horizon``-step rollout of a
+  tanh-linear policy, loss = -mean reward, ``backward()``) at each of
+  ``--sizes`` and ``--iterations``, against native MuJoCo's forward steps at
+  the same sizes; the first window's time (compilation included) and the
+  process RSS after it.
+
+Usage::
+
+    python benchmarks/mjx_solver.py
+    python benchmarks/mjx_solver.py --sections gap --iterations 1 2 4 8 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import time
+
+import mujoco
+import numpy as np
+import torch
+
+from waddle.envs.microduck import MicroDuckEnv
+from waddle.envs.microduck.constants import EMBEDDED_SCENE, STAND_KEYFRAME
+from waddle.physics import make_backend
+
+FAST_COMPILE = {"xla_llvm_disable_expensive_passes": True}
+FRAME_SKIP = 10
+
+
+def _model(floor: bool) -> mujoco.MjSpec:
+    spec = mujoco.MjSpec.from_file(str(EMBEDDED_SCENE))
+    if not floor:
+        spec.delete(spec.geom("floor"))
+    return spec
+
+
+def _start_and_controls(model, num_envs: int, steps: int):
+    key = model.key(STAND_KEYFRAME)
+    gen = np.random.default_rng(0)
+    qpos = np.tile(key.qpos, (num_envs, 1))
+    qpos[:, 7:] += 0.05 * gen.standard_normal((num_envs, model.nq - 7))
+    controls = key.ctrl + 0.2 * gen.standard_normal((steps, num_envs, model.nu))
+    return qpos, controls
+
+
+def _native_trajectory(model, qpos, controls) -> np.ndarray:
+    out = np.empty((*controls.shape[:2], model.nq))
+    for env in range(qpos.shape[0]):
+        data = mujoco.MjData(model)
+        data.qpos[:] = qpos[env]
+        for t, ctrl in enumerate(controls[:, env]):
+            data.ctrl[:] = ctrl
+            mujoco.mj_step(model, data, nstep=FRAME_SKIP)
+            out[t, env] = data.qpos
+    return out
+
+
+def _mjx_trajectory(spec, qpos, controls, **kwargs) -> np.ndarray:
+    sim = make_backend(
+        "mjx",
+        spec,
+        num_envs=qpos.shape[0],
+        frame_skip=FRAME_SKIP,
+        dtype=torch.float64,
+        compiler_options=FAST_COMPILE,
+        **kwargs,
+    )
+    sim.reset(torch.as_tensor(qpos), torch.zeros(qpos.shape[0], sim.nv, dtype=torch.float64))
+    out = []
+    with torch.no_grad():
+        for ctrl in controls:
+            sim.step(torch.as_tensor(ctrl))
+            out.append(sim.qpos.detach().clone().numpy())
+    sim.close()
+    return np.stack(out)
+
+
+def bench_gap(args) -> list[dict]:
+    rows = []
+    checkpoints = (1, 10, 20)
+    for floor in (True, False):
+        spec = _model(floor)
+        model = spec.compile()
+        qpos, controls = _start_and_controls(model, args.gap_envs, max(checkpoints))
+        native = _native_trajectory(model, qpos, controls)
+        plain = _mjx_trajectory(spec, qpos, controls)
+        runs = [("requires_grad=False", plain)]
+        for k in args.iterations:
+            runs.append(
+                (
+                    f"requires_grad=True, {k} it.",
+                    _mjx_trajectory(spec, qpos, controls, requires_grad=True, solver_iterations=k),
+                )
+            )
+        for label, got in runs:
+            row = {"floor": floor, "path": label}
+            for name, reference in (("C", native), ("plain", plain)):
+                gap = np.abs(got - reference).max(axis=(1, 2))
+                row.update({f"vs {name} step {t}": float(gap[t - 1]) for t in checkpoints})
+            rows.append(row)
+            print(
+                f"floor={'yes' if floor else 'no ':3}  {label:28s}"
+                + "".join(
+                    f"  vs {name} @{t}: {row[f'vs {name} step {t}']:.1e}"
+                    for name in ("C", "plain")
+                    for t in checkpoints
+                ),
+                flush=True,
+            )
+    return rows
+
+
+def _policy(obs_dim: int, act_dim: int) -> torch.nn.Module:
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(obs_dim, act_dim, dtype=torch.float64)
+    torch.nn.init.normal_(layer.weight, std=0.05)
+    torch.nn.init.zeros_(layer.bias)
+    return torch.nn.Sequential(layer, torch.nn.Tanh())
+
+
+def _window(env, policy, horizon: int) -> None:
+    td = env.reset()
+    rewards = []
+    for _ in range(horizon):
+        td["action"] = policy(td["observation"])
+        td = env.step(td)
+        rewards.append(td["next", "reward"])
+        td = td["next"]
+    loss = -torch.stack(rewards).mean()
+    loss.backward()
+
+
+def _native_rate(num_envs: int, steps: int) -> float:
+    env = MicroDuckEnv(num_envs=num_envs, backend="mujoco", seed=0, dtype=torch.float64)
+    td = env.reset()
+    action = torch.zeros(num_envs, 14, dtype=torch.float64)
+    env.step(td.set("action", action))
+    start = time.perf_counter()
+    for _ in range(steps):
+        td = env.step(td.set("action", action))["next"]
+    rate = num_envs * steps / (time.perf_counter() - start)
+    env.close()
+    return rate
+
+
+def bench_speed(args) -> list[dict]:
+    rows = []
+    for num_envs in args.sizes:
+        native = _native_rate(num_envs, 4 * args.horizon)
+        for iterations in args.iterations_speed:
+            env = MicroDuckEnv(
+                num_envs=num_envs,
+                backend="mjx",
+                seed=0,
+                dtype=torch.float64,
+                requires_grad=True,
+                solver_iterations=iterations,
+                compiler_options=FAST_COMPILE,
+            )
+            policy = _policy(env.observation_spec["observation"].shape[-1], 14)
+            start = time.perf_counter()
+            _window(env, policy, args.horizon)
+            first = time.perf_counter() - start
+            rss_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+            start = time.perf_counter()
+            for _ in range(args.windows):
+                _window(env, policy, args.horizon)
+            rate = num_envs * args.horizon * args.windows / (time.perf_counter() - start)
+            env.close()
+            row = {
+                "envs": num_envs,
+                "solver iterations": iterations,
+                "fwd+bwd steps/s": rate,
+                "native fwd steps/s": native,
+                "ratio": rate / native,
+                "first window s": first,
+                "peak RSS GB": rss_gb,
+            }
+            rows.append(row)
+            print(
+                f"{num_envs:4d} envs, {iterations:2d} solver it.: fwd+bwd {rate:8.1f} steps/s"
+                f" | native fwd {native:8.1f} | ratio {rate / native:.4f}"
+                f" | first window {first:6.1f} s | peak RSS {rss_gb:.2f} GB",
+                flush=True,
+            )
+    return rows
+
+
+SECTIONS = {"gap": bench_gap, "speed": bench_speed}
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=list(SECTIONS))
+    parser.add_argument("--iterations", nargs="+", type=int, default=[1, 2, 4, 8, 16], help="gap: solver iterations")
+    parser.add_argument("--iterations-speed", nargs="+", type=int, default=[1, 8], help="speed: solver iterations")
+    parser.add_argument("--gap-envs", type=int, default=4)
+    parser.add_argument("--sizes", nargs="+", type=int, default=[16, 64])
+    parser.add_argument("--horizon", type=int, default=16)
+    parser.add_argument("--windows", type=int, default=3)
+    args = parser.parse_args(argv)
+    print(f"load average at start: {os.getloadavg()}", flush=True)
+    for name in args.sections:
+        SECTIONS[name](args)
+    print(f"load average at end: {os.getloadavg()}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
