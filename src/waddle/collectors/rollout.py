@@ -25,6 +25,7 @@ exit reason.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import signal
 import socket
@@ -232,13 +233,8 @@ class RolloutCollector:
         """
         if self._iterator is None:
             self._iterator = iter(self._collector)
-        try:
+        with self._deaths_reported():
             batch = next(self._iterator)
-        except Exception as err:
-            died = self._died(err)
-            if died is None:
-                raise
-            raise CollectorDiedError(died) from err
         return batch.reshape(self.num_envs, self.num_steps)
 
     def update_weights(self, policy: Any) -> None:
@@ -251,13 +247,8 @@ class RolloutCollector:
         if self.backend == "direct":
             return
         if self.backend == "ray":
-            try:
+            with self._deaths_reported():
                 self._collector.update_policy_weights_(policy)
-            except Exception as err:
-                died = self._died(err)
-                if died is None:
-                    raise
-                raise CollectorDiedError(died) from err
             return
         self._raise_if_dead()
         failure: list[BaseException] = []
@@ -276,6 +267,17 @@ class RolloutCollector:
                 self._raise_if_dead()
         if failure:
             raise failure[0]
+
+    @contextlib.contextmanager
+    def _deaths_reported(self):
+        """Re-raise an error that a dead worker caused as :class:`CollectorDiedError` naming the worker."""
+        try:
+            yield
+        except Exception as err:
+            died = self._died(err)
+            if died is None:
+                raise
+            raise CollectorDiedError(died) from err
 
     def _raise_if_dead(self) -> None:
         died = self._dead_processes()
