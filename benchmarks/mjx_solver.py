@@ -1,15 +1,14 @@
-"""The differentiable MJX path against the plain one: trajectory gap and cost per solver iteration.
+"""The differentiable MJX path against the plain one: trajectory gap and cost.
 
-``MjxBackend(requires_grad=True)`` runs MJX's constraint solver as a
-fixed-length scan of ``solver_iterations`` iterations (so that reverse mode
-goes through it) that stop changing once MJX's own convergence test holds.
-This script prints, in one run:
+``MjxBackend(requires_grad=True)`` takes each substep's value from MJX's own
+converged solve and its derivative from one Newton step at the solution
+(:mod:`waddle.physics.mjx_implicit`). This script prints, in one run:
 
 * ``gap``: the MicroDuck, float64, same start and same random actions, 20
   control steps (200 substeps): the largest ``|qpos|`` difference after 1, 10
   and 20 control steps to native MuJoCo C and to MJX's plain path
-  (``requires_grad=False``), for the plain path and for ``requires_grad=True``
-  at each of ``--iterations``, with the floor and without it (the robot
+  (``requires_grad=False``), for the plain path and for ``requires_grad=True``,
+  with the floor and without it (the robot
   falling freely: only the servos' friction loss and joint limits are
   constraints). With the floor, contacts make the dynamics chaotic, so even
   the plain path drifts from C by round-off growth; the gap to the plain path
@@ -17,14 +16,14 @@ This script prints, in one run:
 * ``speed``: ``MicroDuckEnv(backend="mjx", requires_grad=True)``, float64:
   forward+backward control steps per second (a ``--horizon``-step rollout of a
   tanh-linear policy, loss = -mean reward, ``backward()``) at each of
-  ``--sizes`` and ``--iterations``, against native MuJoCo's forward steps at
+  ``--sizes``, against native MuJoCo's forward steps at
   the same sizes; the first window's time (compilation included) and the
   process RSS after it.
 
 Usage::
 
     python benchmarks/mjx_solver.py
-    python benchmarks/mjx_solver.py --sections gap --iterations 1 2 4 8 16
+    python benchmarks/mjx_solver.py --sections speed --sizes 16 64 --horizon 16
 """
 
 from __future__ import annotations
@@ -103,14 +102,10 @@ def bench_gap(args) -> list[dict]:
         qpos, controls = _start_and_controls(model, args.gap_envs, max(checkpoints))
         native = _native_trajectory(model, qpos, controls)
         plain = _mjx_trajectory(spec, qpos, controls)
-        runs = [("requires_grad=False", plain)]
-        for k in args.iterations:
-            runs.append(
-                (
-                    f"requires_grad=True, {k} it.",
-                    _mjx_trajectory(spec, qpos, controls, requires_grad=True, solver_iterations=k),
-                )
-            )
+        runs = [
+            ("requires_grad=False", plain),
+            ("requires_grad=True", _mjx_trajectory(spec, qpos, controls, requires_grad=True)),
+        ]
         for label, got in runs:
             row = {"floor": floor, "path": label}
             for name, reference in (("C", native), ("plain", plain)):
@@ -147,6 +142,7 @@ def _window(env, policy, horizon: int) -> None:
         td = td["next"]
     loss = -torch.stack(rewards).mean()
     loss.backward()
+    env.detach_state()  # the next window starts a new graph
 
 
 def _native_rate(num_envs: int, steps: int) -> float:
@@ -166,42 +162,39 @@ def bench_speed(args) -> list[dict]:
     rows = []
     for num_envs in args.sizes:
         native = _native_rate(num_envs, 4 * args.horizon)
-        for iterations in args.iterations_speed:
-            env = MicroDuckEnv(
-                num_envs=num_envs,
-                backend="mjx",
-                seed=0,
-                dtype=torch.float64,
-                requires_grad=True,
-                solver_iterations=iterations,
-                compiler_options=FAST_COMPILE,
-            )
-            policy = _policy(env.observation_spec["observation"].shape[-1], 14)
-            start = time.perf_counter()
+        env = MicroDuckEnv(
+            num_envs=num_envs,
+            backend="mjx",
+            seed=0,
+            dtype=torch.float64,
+            requires_grad=True,
+            compiler_options=FAST_COMPILE,
+        )
+        policy = _policy(env.observation_spec["observation"].shape[-1], 14)
+        start = time.perf_counter()
+        _window(env, policy, args.horizon)
+        first = time.perf_counter() - start
+        rss_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        start = time.perf_counter()
+        for _ in range(args.windows):
             _window(env, policy, args.horizon)
-            first = time.perf_counter() - start
-            rss_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-            start = time.perf_counter()
-            for _ in range(args.windows):
-                _window(env, policy, args.horizon)
-            rate = num_envs * args.horizon * args.windows / (time.perf_counter() - start)
-            env.close()
-            row = {
-                "envs": num_envs,
-                "solver iterations": iterations,
-                "fwd+bwd steps/s": rate,
-                "native fwd steps/s": native,
-                "ratio": rate / native,
-                "first window s": first,
-                "peak RSS GB": rss_gb,
-            }
-            rows.append(row)
-            print(
-                f"{num_envs:4d} envs, {iterations:2d} solver it.: fwd+bwd {rate:8.1f} steps/s"
-                f" | native fwd {native:8.1f} | ratio {rate / native:.4f}"
-                f" | first window {first:6.1f} s | peak RSS {rss_gb:.2f} GB",
-                flush=True,
-            )
+        rate = num_envs * args.horizon * args.windows / (time.perf_counter() - start)
+        env.close()
+        row = {
+            "envs": num_envs,
+            "fwd+bwd steps/s": rate,
+            "native fwd steps/s": native,
+            "ratio": rate / native,
+            "first window s": first,
+            "peak RSS GB": rss_gb,
+        }
+        rows.append(row)
+        print(
+            f"{num_envs:4d} envs: fwd+bwd {rate:8.1f} steps/s"
+            f" | native fwd {native:8.1f} | ratio {rate / native:.4f}"
+            f" | first window {first:6.1f} s | peak RSS {rss_gb:.2f} GB",
+            flush=True,
+        )
     return rows
 
 
@@ -211,8 +204,6 @@ SECTIONS = {"gap": bench_gap, "speed": bench_speed}
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=list(SECTIONS))
-    parser.add_argument("--iterations", nargs="+", type=int, default=[1, 2, 4, 8, 16], help="gap: solver iterations")
-    parser.add_argument("--iterations-speed", nargs="+", type=int, default=[1, 8], help="speed: solver iterations")
     parser.add_argument("--gap-envs", type=int, default=4)
     parser.add_argument("--sizes", nargs="+", type=int, default=[16, 64])
     parser.add_argument("--horizon", type=int, default=16)

@@ -42,8 +42,8 @@ def test_native_and_mjx_agree_over_twenty_control_steps():
 
 
 def test_differentiable_mjx_simulates_the_robot_native_mujoco_simulates():
-    # requires_grad=True unrolls the constraint solver so reverse mode goes through it; it must
-    # still converge like MuJoCo's own (one Newton iteration was off by 2.5e-3 after one step).
+    # requires_grad=True differentiates the converged solve; its trajectory must still be MuJoCo's
+    # (the one-Newton-iteration solve it replaced was off by 5e-3 after one control step).
     actions = 0.3 * (2 * torch.rand(20, 2, 14, generator=torch.Generator().manual_seed(1), dtype=torch.float64) - 1)
     native, native_contacts = _trajectory("mujoco", actions)
     with torch.no_grad():

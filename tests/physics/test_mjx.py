@@ -10,6 +10,7 @@ results, ~40% less compile time).
 
 from __future__ import annotations
 
+import copy
 import importlib
 import sys
 
@@ -163,6 +164,14 @@ def test_missing_jax_names_the_extra(monkeypatch):
     monkeypatch.delitem(sys.modules, "waddle.physics.mjx", raising=False)
     with pytest.raises(ImportError, match=r"pip install 'waddle\[mjx\]'"):
         importlib.import_module("waddle.physics.mjx")
+
+
+def test_differentiating_a_non_newton_model_is_refused_with_the_fix(ball_arm):
+    model = copy.deepcopy(ball_arm)
+    model.opt.solver = mujoco.mjtSolver.mjSOL_CG
+    with pytest.raises(ValueError, match=r"requires_grad=True.*uses the CG solver.*solver=\"Newton\""):
+        MjxBackend(model, num_envs=1, frame_skip=1, requires_grad=True)
+    MjxBackend(model, num_envs=1, frame_skip=1)  # the plain path runs any solver
 
 
 def test_batch_chunks_must_divide_the_envs(ball_arm):

@@ -23,19 +23,16 @@ Differentiability (``requires_grad=True``):
     gradient.
 
     MJX's constraint solver iterates in a ``lax.while_loop`` that reverse mode
-    cannot differentiate. The differentiable path steps the same model with
-    the same solver settings, but runs the solver as a fixed-length
-    ``lax.scan`` of ``solver_iterations`` iterations that turn into no-ops
-    once MJX's own convergence test holds (:mod:`waddle.physics.mjx_unrolled`).
-    Whenever the solve converges within ``solver_iterations`` (from the warm
-    start, Newton usually needs 1-4), the trajectory is exactly the one
-    ``requires_grad=False`` simulates, so a policy trained through gradients
-    is evaluated on the robot it was trained on. Under ``vmap`` every scanned
-    iteration is computed, so a step costs about ``solver_iterations`` times
-    one iteration. Gradients through contacts are those of MuJoCo's soft
-    contact model as MJX computes them (no smoothing is added). Site positions
-    read right after a :meth:`~MjxBackend.reset` carry no gradient (those
-    after a step do).
+    cannot differentiate. The differentiable path runs MJX's own solve, on the
+    model's own settings, for the value of each substep, and takes its
+    derivative from one Newton step at the converged solution (the
+    implicit-function derivative; :mod:`waddle.physics.mjx_implicit`). So the
+    trajectory is exactly the one ``requires_grad=False`` simulates, and a
+    policy trained through gradients is evaluated on the robot it was trained
+    on. The model must use the Newton solver (MuJoCo's default). Gradients
+    through contacts are those of MuJoCo's soft contact model as MJX computes
+    them (no smoothing is added). Site positions read right after a
+    :meth:`~MjxBackend.reset` carry no gradient (those after a step do).
 
 Contact flags: MJX evaluates every candidate geom pair each substep and pads
 the contact arrays to a fixed size; a padded or separated candidate has
@@ -79,12 +76,9 @@ except ImportError as err:  # pragma: no cover - exercised without the extra
 
 from waddle.bridge import JaxFunction, resolve_batch_chunks
 from waddle.bridge.dlpack import jax_device, jax_to_torch, torch_to_jax
-from waddle.physics import mjx_unrolled
+from waddle.physics import mjx_implicit
 from waddle.physics.base import PhysicsBackend
 
-#: Unrolled solver iterations per substep on the differentiable path; see
-#: ``benchmarks/differentiable.py --sections solver`` for accuracy against cost.
-DEFAULT_SOLVER_ITERATIONS = 8
 _OUTPUTS = ("qpos", "qvel", "time", "sites", "contacts")
 
 
@@ -104,11 +98,6 @@ class MjxBackend(PhysicsBackend):
     """MuJoCo MJX (JAX), batched with ``jax.vmap`` and compiled with ``jax.jit``.
 
     Args:
-        solver_iterations: with ``requires_grad=True``, the constraint
-            solver's iterations per substep, unrolled so that reverse mode goes
-            through them (see the module docstring); at most the model's own
-            ``opt.iterations``, which caps it. Default:
-            :data:`DEFAULT_SOLVER_ITERATIONS`.
         batch_chunks: with ``requires_grad=True``, run the differentiable
             step as this many equal row blocks of the batch at once, one
             thread each (see :class:`waddle.bridge.JaxFunction`); it must
@@ -132,7 +121,6 @@ class MjxBackend(PhysicsBackend):
         self,
         model: mujoco.MjModel | mujoco.MjSpec,
         *,
-        solver_iterations: int | None = None,
         batch_chunks: int | str = "auto",
         compiler_options: dict | None = None,
         **kwargs,
@@ -146,11 +134,11 @@ class MjxBackend(PhysicsBackend):
         self._site_ids = np.asarray(self.site_ids, dtype=np.int32)
         self._geom_ids = np.asarray(self.contact_geom_ids, dtype=np.int32)
 
-        if solver_iterations is None:
-            solver_iterations = DEFAULT_SOLVER_ITERATIONS
-        if isinstance(solver_iterations, bool) or not isinstance(solver_iterations, int) or solver_iterations < 1:
-            raise ValueError(f"solver_iterations must be an integer >= 1, got {solver_iterations!r}.")
-        self.solver_iterations = min(solver_iterations, int(self.model.opt.iterations))
+        if self.requires_grad and self.model.opt.solver != mujoco.mjtSolver.mjSOL_NEWTON:
+            raise ValueError(
+                "backend='mjx' with requires_grad=True differentiates the Newton solver's solution; this model "
+                f'uses the {mujoco.mjtSolver(self.model.opt.solver).name.removeprefix("mjSOL_")} solver. Set <option solver="Newton"/> in its MJCF.'
+            )
 
         self._compiler_options = dict(compiler_options or {})
         with self._jax_scope():
@@ -241,13 +229,12 @@ class MjxBackend(PhysicsBackend):
             return
 
         mx = self._mx
-        iterations = self.solver_iterations
 
-        def unrolled_substeps(m, d, ctrl):
+        def differentiable_substeps(m, d, ctrl):
             d = d.replace(ctrl=ctrl)
 
             def body(d, _):
-                return mjx_unrolled.step(m, d, iterations), None
+                return mjx_implicit.step(m, d), None
 
             d, _ = jax.lax.scan(body, d, None, length=frame_skip)
             return d
@@ -261,7 +248,7 @@ class MjxBackend(PhysicsBackend):
                     qacc_warmstart=jax.lax.stop_gradient(warm),
                     time=jax.lax.stop_gradient(time),
                 )
-                d = unrolled_substeps(mx, d, ctrl)
+                d = differentiable_substeps(mx, d, ctrl)
                 return (
                     d.qpos,
                     d.qvel,
@@ -458,4 +445,4 @@ class MjxBackend(PhysicsBackend):
         self._outputs = {}
 
 
-__all__ = ["DEFAULT_SOLVER_ITERATIONS", "MjxBackend"]
+__all__ = ["MjxBackend"]
