@@ -189,7 +189,8 @@ class CommandOutcome:
 
 WALK_HEADER = (
     f"{'part':<12} {'seed':>4} {'cmd':>5} {'reached':>7} {'minutes':>7} {'env steps':>10} | {'survival':>8} "
-    f"{'forward':>7} {'|err|':>6} {'lateral':>7} {'yaw':>5} {'p95':>5} {'clear cm':>8} {'steps/s':>7}"
+    f"{'forward':>7} {'|err|':>6} {'lateral':>7} {'yaw':>5} {'p95':>5} {'clear cm':>8} {'steps/s':>7} "
+    f"{'bound %':>7} {'act chg':>7}"
 )
 
 
@@ -200,7 +201,7 @@ def format_command_outcome(o: CommandOutcome) -> str:
         f"{100 * (1 - f['fall_rate']):>8.1f} {f['mean_forward_speed']:>7.3f} "
         f"{abs(f['mean_forward_speed'] - o.command):>6.3f} {f['mean_lateral_speed']:>7.3f} "
         f"{f['yaw_drift_deg']:>5.1f} {f['yaw_drift_p95_deg']:>5.1f} {100 * f['foot_clearance']:>8.2f} "
-        f"{f['step_frequency_hz']:>7.2f}"
+        f"{f['step_frequency_hz']:>7.2f} {100 * f['action_saturation']:>7.1f} {f['action_change']:>7.3f}"
         if f
         else "(no final evaluation)"
     )

@@ -102,6 +102,35 @@ def test_evaluate_bookkeeping():
     assert result.command is None
 
 
+class Alternating(torch.nn.Module):
+    """Bang-bang: +1.5 (clipped to the bound +1), then -1, then +1.5, ... in both envs."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, observation):
+        self.calls += 1
+        return torch.full((observation.shape[0], 1), 1.5 if self.calls % 2 else -1.0)
+
+
+class Constant(torch.nn.Module):
+    def forward(self, observation):
+        return torch.full((observation.shape[0], 1), 0.5)
+
+
+def test_action_saturation_and_change():
+    # Env 0 (the one that does not fall) runs 4 steps. Bang-bang: every action at a bound; changes from
+    # the reset's zero action 1, then 2, 2, 2 (the 1.5 counts as the clipped 1): mean 7 / 4.
+    flipping = evaluate(ScriptedEnv(), Alternating())
+    assert flipping.action_saturation == pytest.approx(1.0)
+    assert flipping.action_change == pytest.approx(7 / 4)
+    # A constant 0.5: never at a bound; it changes once, by 0.5, in 4 steps.
+    steady = evaluate(ScriptedEnv(), Constant())
+    assert steady.action_saturation == pytest.approx(0.0)
+    assert steady.action_change == pytest.approx(0.5 / 4)
+
+
 def test_yaw_drift_unwraps_across_pi():
     class Spinning(ScriptedEnv):
         def heading(self):  # 3 rad per step, wrapped into (-pi, pi]

@@ -134,6 +134,13 @@ class EvaluationResult:
     """Mean peak height of a swing foot above its height at reset, over every completed swing, m."""
     step_frequency_hz: float
     """Touchdowns per second (both feet counted) in the episodes that did not fall."""
+    action_saturation: float = float("nan")
+    """Fraction of the action entries at a bound of the action space (within 1e-3), over the steps of the
+    episodes that did not fall: near 1 for a bang-bang policy, which servos on a robot cannot follow."""
+    action_change: float = float("nan")
+    """Mean absolute change of an action entry from one step to the next, in action units (the first step
+    counts from the zero action of the reset), over the episodes that did not fall: 2 flips between the
+    bounds at every step."""
     command: tuple[float, float] | None = None
     """The planar command every env was reset with, when one was pinned."""
     hop_height: float = float("nan")
@@ -239,6 +246,10 @@ def evaluate(
     airborne_steps, hops = zeros(num_envs), zeros(num_envs)
     hop_height_sum, hop_height_count = zeros(num_envs), zeros(num_envs)
     measures_height = callable(getattr(env, "base_height", None)) and hasattr(env, "standing_height")
+    space = getattr(env.action_spec, "space", None)
+    low, high = (space.low.float().cpu(), space.high.float().cpu()) if space is not None else (-torch.inf, torch.inf)
+    saturation_sum, change_sum = zeros(num_envs), zeros(num_envs)
+    previous_action = None
 
     frames, renderer = [], None
     if video_path is not None:
@@ -270,6 +281,13 @@ def evaluate(
             action = act(policy, td[key].to(device), None if task is None else task.to(device))
             td = env.step(td.set("action", action.to(env.device)))
             out = td["next"]
+            applied = torch.maximum(torch.minimum(action.detach().float().cpu(), high), low)
+            if previous_action is None:
+                previous_action = torch.zeros_like(applied)
+            bound = ((applied - low).abs() <= 1e-3) | ((high - applied).abs() <= 1e-3)
+            saturation_sum += torch.where(running, bound.float().mean(-1), 0.0)
+            change_sum += torch.where(running, (applied - previous_action).abs().mean(-1), 0.0)
+            previous_action = applied
             velocity = out["observation"][:, velocity_start : velocity_start + 2].float().cpu()
             reward = out["reward"].reshape(num_envs).float().cpu()
             done = out["done"].reshape(num_envs).cpu()
@@ -334,6 +352,8 @@ def evaluate(
         yaw_drift_p95_deg=float(torch.quantile(drift_deg, 0.95)) if standing.any() else nan,
         foot_clearance=clearance_sum / clearance_count if clearance_count else nan,
         step_frequency_hz=float((touchdowns[standing] / seconds).mean()) if standing.any() else nan,
+        action_saturation=float((saturation_sum / lengths)[standing].mean()) if standing.any() else nan,
+        action_change=float((change_sum / lengths)[standing].mean()) if standing.any() else nan,
         command=None if command is None else (float(command[0]), float(command[1])),
         hop_height=float(hop_height_sum[standing].sum() / flights) if flights > 0 else nan,
         airborne_fraction=float(airborne_steps[standing].sum() / lengths[standing].sum()) if standing.any() else nan,

@@ -5,8 +5,10 @@ of that task (a fixed command, or the low, middle and high speed of a range;
 or the one ``--command VX VY``), it resets ``--episodes`` envs into that task
 and command, runs one episode of ``--max-steps`` steps (1000 = 20 s by
 default) in each and prints one row: survival, return, the forward and lateral
-speed of the envs that did not fall, tracking error, yaw drift, foot clearance
-and step frequency, and for a task that rewards hops (jump) the hop height,
+speed of the envs that did not fall, tracking error, yaw drift, foot clearance,
+step frequency, how often the actions sit at a bound and how much they change
+per step (a bang-bang policy is not one servos can follow), and for a task
+that rewards hops (jump) the hop height,
 airborne fraction and hop frequency. A task-conditioned policy gets each
 env's task id. ``--csv`` writes the same rows to a CSV file; ``--video`` films
 the first env of the first row from the tracking camera.
@@ -152,12 +154,12 @@ def run(args: argparse.Namespace) -> int:
 TASK_WIDTH = 22
 HEADER = (
     f"{'task':<{TASK_WIDTH}} {'command vx,vy':>14} {'survival':>8} {'return':>8} {'forward':>8} {'lateral':>8} "
-    f"{'track err':>9} {'yaw drift':>9} {'p95':>6} {'clearance':>9} {'steps/s':>7} {'hop':>6} {'airborne':>8} "
-    f"{'hops/s':>6}"
+    f"{'track err':>9} {'yaw drift':>9} {'p95':>6} {'clearance':>9} {'steps/s':>7} {'at bound':>8} "
+    f"{'act chg':>7} {'hop':>6} {'airborne':>8} {'hops/s':>6}"
 )
 UNITS = (
     f"{'':<{TASK_WIDTH}} {'':>14} {'%':>8} {'':>8} {'m/s':>8} {'m/s':>8} {'m/s':>9} {'deg':>9} {'deg':>6} "
-    f"{'cm':>9} {'Hz':>7} {'cm':>6} {'%':>8} {'Hz':>6}"
+    f"{'cm':>9} {'Hz':>7} {'%':>8} {'/step':>7} {'cm':>6} {'%':>8} {'Hz':>6}"
 )
 
 
@@ -176,7 +178,7 @@ def format_table(results: Sequence[Any]) -> str:
             f"{task:<{TASK_WIDTH}} {command:>14} {100 * r.survival:>8.1f} {r.mean_return:>8.2f} "
             f"{r.mean_forward_speed:>8.3f} {r.mean_lateral_speed:>8.3f} {r.velocity_tracking_error:>9.3f} "
             f"{r.yaw_drift_deg:>9.1f} {r.yaw_drift_p95_deg:>6.1f} {100 * r.foot_clearance:>9.2f} "
-            f"{r.step_frequency_hz:>7.2f} {hops}"
+            f"{r.step_frequency_hz:>7.2f} {100 * r.action_saturation:>8.1f} {r.action_change:>7.3f} {hops}"
         )
     return "\n".join(rows)
 
@@ -197,6 +199,8 @@ CSV_COLUMNS: dict[str, str] = {
     "yaw_drift_p95_deg": "yaw_drift_p95_deg",
     "foot_clearance_m": "foot_clearance",
     "step_frequency_hz": "step_frequency_hz",
+    "action_saturation": "action_saturation",
+    "action_change": "action_change",
     "hop_height_m": "hop_height",
     "airborne_fraction": "airborne_fraction",
     "hop_frequency_hz": "hop_frequency_hz",
