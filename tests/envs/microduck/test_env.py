@@ -230,3 +230,40 @@ def test_heading_error_is_the_wrapped_turn_since_reset():
     features = env.reward_features(state, torch.zeros(2, 14))
     # -3.0 - 3.0 = -6.0 rad of turn is 2 pi - 6.0 = 0.283 rad the short way round.
     torch.testing.assert_close(features["heading_error"], torch.tensor([0.3, 2 * math.pi - 6.0]))
+
+
+def test_walking_tasks_track_the_floor_displacement_over_one_gait_cycle():
+    # Tracking alone pays dt * exp(-(vx - command)^2 / 0.05^2 - vy^2 / 0.05^2) of the tracked velocity.
+    weights = dict.fromkeys(MicroDuckEnv.REWARD_TERMS, 0.0) | {"tracking": 1.0}
+    task = MicroDuckEnv.speed_range_task(
+        0.01, 0.03, reward_weights=weights, gait_frequency_hz=1.0, gait_frequency_per_mps=50.0
+    )
+    env = MicroDuckEnv(tasks=task, num_envs=4, seed=0)
+    td = env.reset()
+    command = td["command"][:, 0].double()
+    frequency = 1.0 + 50.0 * command  # the clock, Hz: 1.5 to 2.5
+    window = torch.round(1.0 / (frequency * env.control_dt)).long()  # one cycle, in control steps
+    floor, yaw = [], []
+
+    def record():
+        qpos = env.get_state()["qpos"].double()
+        floor.append(qpos[:, :2].clone())
+        w, z = qpos[:, 3], qpos[:, 6]
+        yaw.append(torch.atan2(2 * w * z + 2 * qpos[:, 4] * qpos[:, 5], 1 - 2 * (qpos[:, 5] ** 2 + z**2)))
+
+    record()
+    actions = torch.rand(30, 4, 14, generator=torch.Generator().manual_seed(1)) * 0.2 - 0.1
+    for step, action in enumerate(actions, start=1):
+        td["action"] = action
+        td = env.step(td)["next"]
+        assert not td["done"].any()
+        record()
+        # The window grows from the reset until it spans a cycle (20 to 33 steps here).
+        span = torch.minimum(window, torch.tensor(step))
+        start = torch.stack([floor[step - int(s)][row] for row, s in enumerate(span)])
+        world = (floor[step] - start) / (span.double() * env.control_dt).unsqueeze(-1)
+        forward = torch.cos(yaw[step]) * world[:, 0] + torch.sin(yaw[step]) * world[:, 1]
+        lateral = torch.cos(yaw[step]) * world[:, 1] - torch.sin(yaw[step]) * world[:, 0]
+        expected = env.control_dt * torch.exp(-((forward - command) ** 2) / 0.05**2 - lateral**2 / 0.05**2)
+        torch.testing.assert_close(td["reward"][:, 0].double(), expected, rtol=1e-4, atol=1e-7)
+    env.close()

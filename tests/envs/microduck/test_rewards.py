@@ -60,6 +60,7 @@ BUILT_IN_PARAMS = {
     "swing_target_height": 0.02,
     "tracking_off_axis_std": 0.05,
     "tracking_std": 0.1,
+    "tracking_window_cycles": 0.0,
     "upright_std": 0.05**0.5,
     "yaw_rate_std": 0.5**0.5,
 }
@@ -162,6 +163,25 @@ def test_tracking():
             math.exp(-1.0),
         ],
     )
+
+
+def test_tracking_reads_the_tracked_velocity_when_given():
+    body = [[0.32, 0.07, 0.01], [0.05, -0.06, 0.0]]
+    command = [[0.2, 0.0], [0.2, 0.0]]
+    tracked = make_features(2, command=command, body_velocity=body)
+    tracked["tracked_velocity"] = torch.tensor([[0.2, 0.0], [0.25, 0.05]])
+    # stride-averaged (0.2, 0): no error, exp(0) = 1; (0.25, 0.05): along 0.05, across 0.05:
+    # exp(-(0.05^2 / 0.1^2 + 0.05^2 / 0.05^2)) = exp(-1.25)
+    assert_values(term("tracking", tracked), [1.0, math.exp(-1.25)])
+    # progress and the gait gate read the instantaneous velocity: 0.32 / 0.2 clipped to 1, 0.05 / 0.2 = 0.25;
+    # double support pays 0.5 + 0.5 * clip(ratio, 0, 1) = 1 and 0.625
+    assert_values(term("progress", tracked), [1.0, 0.25])
+    assert_values(term("double_support", tracked), [1.0, 0.625])
+    # without the entry the instantaneous body velocity is tracked:
+    # along 0.12, across 0.07: exp(-(1.44 + 1.96)) = exp(-3.4); along -0.15, across 0.06: exp(-(2.25 + 1.44))
+    instantaneous = make_features(2, command=command, body_velocity=body)
+    assert_values(term("tracking", instantaneous), [math.exp(-3.4), math.exp(-3.69)])
+    assert_values(term("progress", instantaneous), [1.0, 0.25])
 
 
 def test_tracking_is_tighter_across_the_command_than_along_it():

@@ -58,6 +58,7 @@ def test_tracking_task():
     assert_vector(task.gait_prior_stride_per_mps, 0.0)
     assert_vector(task.gait_frequency_hz, 1.8913)
     assert_vector(task.gait_frequency_per_mps, 0.0)
+    assert_vector(task.params["tracking_window_cycles"], 1.0)  # the stride-averaged velocity
     assert_vector(task.warm_start_fraction, 0.0)
     assert_vector(task.joint_reset_noise_scale, 0.02)
     assert_vector(task.weight, 1.0)
@@ -85,6 +86,7 @@ def test_standing_task():
     expected = {**defaults(), **dict.fromkeys(GAIT_TERMS, 0.0)}
     assert weights_of(task) == pytest.approx(expected)
     assert_vector(task.params["pose_std"], 0.1)
+    assert_vector(task.params["tracking_window_cycles"], 0.0)  # any motion at all is off the command
 
 
 def test_speed_range_task():
@@ -100,6 +102,7 @@ def test_speed_range_task():
     # the tracking Gaussian is half the default's width: 0.03 m/s off costs 1 - exp(-0.36) = 30 % of the term
     assert_vector(task.params["tracking_std"], 0.05)
     assert_vector(task.params["tracking_off_axis_std"], 0.05)
+    assert_vector(task.params["tracking_window_cycles"], 1.0)
     assert weights_of(task) == pytest.approx({**defaults(), "heading_hold": 2.0})
     assert_vector(task.gait_prior_lift, 0.25)
     features = TensorDict(

@@ -215,6 +215,7 @@ class MicroDuckEnv(MujocoEnv):
         self._task_table = presets.task_table(self.tasks)
         self._configure_from_model()
         self._allocate_episode_state()
+        self._allocate_tracking_window()
         self._allocate_randomization_state()
         self._make_specs()
 
@@ -271,6 +272,22 @@ class MicroDuckEnv(MujocoEnv):
         self._air_time = zeros(n, 2)
         self._touchdown_air_time = zeros(n, 2)
         self._reset_heading = zeros(n)
+
+    def _allocate_tracking_window(self) -> None:
+        """A ring of the trunk's last floor positions, as long as the library's longest tracking window.
+
+        Tasks with ``tracking_window_cycles > 0`` track the velocity averaged over
+        that many gait cycles; the clock is slowest at zero command, which bounds
+        every env's window. A library without such a task keeps no ring.
+        """
+        cycles = self.tasks.params["tracking_window_cycles"]
+        longest = (cycles / (self.tasks.gait_frequency_hz * self.control_dt)).round().max()
+        self._floor_positions = None
+        if bool((cycles > 0).any()):
+            slots = int(longest) + 1
+            self._floor_positions = torch.zeros(self.num_envs, slots, 2, dtype=self.dtype, device=self.device)
+        self._ring_slot = 0
+        self._tracked_velocity = torch.zeros(self.num_envs, 2, dtype=self.dtype, device=self.device)
 
     def _allocate_randomization_state(self) -> None:
         config, n = self.randomization, self.num_envs
@@ -357,6 +374,9 @@ class MicroDuckEnv(MujocoEnv):
         super().detach_state()
         self._previous_action = self._previous_action.detach()
         self._foot_heights = self._foot_heights.detach()
+        self._tracked_velocity = self._tracked_velocity.detach()
+        if self._floor_positions is not None:
+            self._floor_positions = self._floor_positions.detach()
         self._sensor = self._sensor.detach()
         for line in (self._action_line, self._imu_line, self._joint_velocity_line):
             if line is not None:
@@ -393,6 +413,9 @@ class MicroDuckEnv(MujocoEnv):
         self._episode_task = task = self._task_table[self._task_id]
         self._episode_params = dict(task["params"].items())
         self._gait_frequency = task["gait_frequency_hz"] + task["gait_frequency_per_mps"] * self._command.norm(dim=-1)
+        cycles = self._episode_params["tracking_window_cycles"]
+        steps = (cycles / (self._gait_frequency * self.control_dt)).round().clamp_min(1.0)
+        self._window_steps = torch.where(cycles > 0, steps, torch.zeros_like(steps)).long()
 
     def _gait_clock(self) -> tuple[torch.Tensor, torch.Tensor]:
         elapsed = self._step_count.to(self.dtype) * self.control_dt
@@ -530,6 +553,10 @@ class MicroDuckEnv(MujocoEnv):
         self._contacts = self.foot_contacts()
         self._foot_heights = self.foot_heights()
         self._reset_heading = torch.where(rows, self.heading().detach(), self._reset_heading)
+        self._tracked_velocity = torch.where(column, torch.zeros_like(self._tracked_velocity), self._tracked_velocity)
+        if self._floor_positions is not None:
+            floor = self.physics.qpos[:, :2].to(self.dtype).unsqueeze(1).expand_as(self._floor_positions)
+            self._floor_positions = torch.where(rows.view(-1, 1, 1), floor, self._floor_positions)
 
         state = self._read_state(self.physics.qpos, self.physics.qvel)
         out = self._observation_dict(state, reset_rows=rows)
@@ -685,6 +712,7 @@ class MicroDuckEnv(MujocoEnv):
         self._step_count = self._step_count + 1
         self._update_contacts(nonfinite)
         state = self._read_state(qpos, qvel)
+        self._advance_tracking_window(state)
         features = self._reward_features(state, clipped)
         features["fallen"] = features["fallen"] | nonfinite
         features.update(rewards.derived_features(features))
@@ -729,12 +757,39 @@ class MicroDuckEnv(MujocoEnv):
         heights = self.foot_heights()
         self._foot_heights = torch.where(nonfinite.unsqueeze(-1), torch.zeros_like(heights), heights)
 
+    def _advance_tracking_window(self, state: dict[str, torch.Tensor]) -> None:
+        """Record the trunk's floor position and update the velocity each env's command is tracked against.
+
+        An env with a tracking window gets its floor displacement over the last
+        ``min(window, steps since reset)`` steps, per second, in its heading frame:
+        the stride's average, without the sway and surge inside a gait cycle.
+        Others get the instantaneous body velocity.
+        """
+        if self._floor_positions is None:
+            return
+        slots = self._floor_positions.shape[1]
+        self._ring_slot = (self._ring_slot + 1) % slots
+        floor = state["qpos"][:, :2].to(self.dtype)
+        here = torch.tensor([self._ring_slot], device=self.device)
+        positions = self._floor_positions.index_copy(1, here, floor.unsqueeze(1))
+        span = torch.minimum(self._window_steps, self._step_count).clamp_min(1)
+        envs = torch.arange(self.num_envs, device=self.device)
+        earlier = positions[envs, (self._ring_slot - span) % slots]
+        world = (floor - earlier) / (span.to(self.dtype) * self.control_dt).unsqueeze(-1)
+        yaw = heading(state["quaternion"])
+        cos, sin = yaw.cos(), yaw.sin()
+        averaged = torch.stack([cos * world[:, 0] + sin * world[:, 1], cos * world[:, 1] - sin * world[:, 0]], dim=-1)
+        instantaneous = state["body_velocity"][:, :2]
+        self._tracked_velocity = torch.where((self._window_steps > 0).unsqueeze(-1), averaged, instantaneous)
+        self._floor_positions = positions
+
     def reward_features(self, state: Mapping[str, torch.Tensor], action: torch.Tensor) -> dict[str, torch.Tensor]:
         """The per-step features every reward term reads, as a dict of ``(num_envs, ...)`` tensors.
 
         ``state`` holds ``qpos`` and ``qvel`` after the step and ``action`` is
-        the normalized action that led there; contacts, air times and the
-        previous action come from the env's current bookkeeping. See
+        the normalized action that led there; contacts, air times, the
+        tracked velocity of a tracking window and the previous action come
+        from the env's current bookkeeping. See
         :func:`waddle.envs.microduck.rewards.register_reward` for the entries.
         """
         qpos, qvel = state["qpos"].to(self.dtype), state["qvel"].to(self.dtype)
@@ -758,6 +813,9 @@ class MicroDuckEnv(MujocoEnv):
             "gait_phase": state["phase"],
             "heading_error": wrap_angle(heading(state["quaternion"]) - self._reset_heading),
             "command": self._command,
+            "tracked_velocity": state["body_velocity"][:, :2]
+            if self._floor_positions is None
+            else self._tracked_velocity,
             "fallen": self._fallen(state),
         }
 

@@ -26,6 +26,9 @@ key                       shape       meaning
 ``gait_phase``            ``(N,)``    gait clock phase in radians
 ``heading_error``         ``(N,)``    trunk yaw minus its yaw at reset, wrapped to ``[-pi, pi)``
 ``command``               ``(N, 2)``  planar velocity command ``(vx, vy)``
+``tracked_velocity``      ``(N, 2)``  planar velocity the command is tracked against: the body
+                                      velocity's ``(vx, vy)``, or its average over the task's
+                                      tracking window (``tracking_window_cycles``)
 ``fallen``                ``(N,)``    bool, the trunk fell this step
 ========================  ==========  ==========================================
 
@@ -286,6 +289,12 @@ def _command_axis(command: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, to
     return torch.where(moving.unsqueeze(-1), axis, torch.zeros_like(axis)), speed, moving
 
 
+def tracked_velocity(features: Features) -> torch.Tensor:
+    """``features["tracked_velocity"]``, or the body velocity's planar part when the features lack it."""
+    value = features.get("tracked_velocity", None)
+    return features["body_velocity"][..., :2] if value is None else value
+
+
 def derived_features(features: Features) -> dict[str, torch.Tensor]:
     """The quantities several built-in terms share, computed once from ``features``.
 
@@ -338,11 +347,6 @@ def _speed_ratio(features: Features) -> torch.Tensor:
     return _derived(features, "speed_ratio")
 
 
-def _progress_fraction(features: Features) -> torch.Tensor:
-    """Velocity along the command over the commanded speed, clipped to [-1, 1]; zero when standing."""
-    return _speed_ratio(features).clamp(-1.0, 1.0)
-
-
 def _upright_gate(features: Features) -> torch.Tensor:
     """1 while the trunk is upright enough to step or hop, else 0."""
     return _derived(features, "upright_gate")
@@ -355,7 +359,7 @@ def _stepping_gate(features: Features, params: Features) -> torch.Tensor:
     can leave the standing optimum; the rest needs motion along the command.
     """
     floor = params["gait_progress_floor"]
-    progress = _progress_fraction(features).clamp_min(0.0)
+    progress = _speed_ratio(features).clamp(0.0, 1.0)
     return (floor + (1.0 - floor) * progress) * _upright_gate(features)
 
 
@@ -381,10 +385,16 @@ def _tilt_squared(upright: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------------------
 
 
-@register_reward("tracking", weight=2.0, tracking_std=0.1, tracking_off_axis_std=0.05)
+@register_reward("tracking", weight=2.0, tracking_std=0.1, tracking_off_axis_std=0.05, tracking_window_cycles=0.0)
 def tracking(features: Features, params: Features) -> torch.Tensor:
-    """Gaussian of the planar velocity error, ``tracking_off_axis_std`` across the command (isotropic when standing)."""
-    error = features["body_velocity"][..., :2] - features["command"]
+    """Gaussian of the planar velocity error, ``tracking_off_axis_std`` across the command (isotropic when standing).
+
+    The velocity is ``tracked_velocity``: the env averages the body velocity over
+    ``tracking_window_cycles`` gait cycles (0: the instantaneous velocity). The
+    other terms read the instantaneous velocity: ``progress`` and the gait gate
+    credit a step that surges forward at once, which is how PPO finds walking.
+    """
+    error = tracked_velocity(features) - features["command"]
     along, across_sq, moving = _split_along_command(error, features)
     across_std = torch.where(moving, params["tracking_off_axis_std"], params["tracking_std"])
     return torch.exp(-along.square() / params["tracking_std"].square() - across_sq / across_std.square())

@@ -84,6 +84,19 @@ SPEED_RANGE_TRACKING_STD = 0.05
 0.03 m/s off the command costs 30 % of the term (0.1 wide: 9 %). With the new clock alone seed 0 walked
 0.136 / 0.224 / 0.273; with both, 0.129 / 0.218 / 0.281."""
 
+TRACKING_WINDOW_CYCLES = 1.0
+"""Gait cycles the walking presets average the tracked velocity over (``tracking_window_cycles``).
+
+Within a stride a walking MicroDuck surges and sways (lateral velocity swings of about the
+0.05 m/s width of the tracking Gaussian across the command), so a Gaussian of the instantaneous
+velocity paid a walking policy about a tenth of its weight whatever its mean speed, and the
+progress clip at the command let the fast half of a stride's speeds pay past it. Over a whole
+cycle the surge and sway average out: ``tracking`` and ``progress`` see the speed the robot makes
+good (the gait terms' gate keeps the instantaneous velocity, see ``rewards._stepping_gate``)."""
+
+WALKING_TRACKING: dict[str, float] = {"tracking_window_cycles": TRACKING_WINDOW_CYCLES}
+"""Term parameters the walking presets (tracking, speed range, sidestep) set: the stride-averaged velocity."""
+
 WALKING_REWARD_WEIGHTS: dict[str, float] = {"heading_hold": 2.0}
 """Weights the walking presets set on top of the registered defaults: hold the heading of the reset."""
 
@@ -249,7 +262,13 @@ def tracking_task(
         (speed, 0.0),
         weight=weight,
         reward_weights={**WALKING_REWARD_WEIGHTS, **(reward_weights or {})},
-        **{"name": f"tracking{speed:+.2f}", "pose_std": POSE_STD_MOVING, **WALKING_PRIOR, **overrides},
+        **{
+            "name": f"tracking{speed:+.2f}",
+            "pose_std": POSE_STD_MOVING,
+            **WALKING_PRIOR,
+            **WALKING_TRACKING,
+            **overrides,
+        },
     )
 
 
@@ -299,6 +318,7 @@ def speed_range_task(
             "tracking_std": SPEED_RANGE_TRACKING_STD,
             "pose_std": POSE_STD_MOVING,
             **WALKING_PRIOR,
+            **WALKING_TRACKING,
             **overrides,
         },
     )
@@ -323,7 +343,13 @@ def sidestep_task(
         (0.0, speed),
         weight=weight,
         reward_weights={**WALKING_REWARD_WEIGHTS, **(reward_weights or {})},
-        **{"name": f"sidestep{speed:+.2f}", "pose_std": POSE_STD_MOVING, **WALKING_PRIOR, **overrides},
+        **{
+            "name": f"sidestep{speed:+.2f}",
+            "pose_std": POSE_STD_MOVING,
+            **WALKING_PRIOR,
+            **WALKING_TRACKING,
+            **overrides,
+        },
     )
 
 
