@@ -105,6 +105,7 @@ def test_speed_range_task():
     assert_vector(task.params["tracking_window_cycles"], 1.0)
     assert weights_of(task) == pytest.approx({**defaults(), "heading_hold": 2.0})
     assert_vector(task.gait_prior_lift, 0.25)
+    assert_vector(task.gait_prior_stride_per_mps, 1.0)  # the hips swing 0.3 rad at 0.3 m/s
     features = TensorDict(
         {
             "command": torch.tensor([[0.1, 0.0]]),
