@@ -30,7 +30,14 @@ import torch
 from waddle.algorithms.ppo import PPO, PPOConfig
 from waddle.algorithms.presets import COLLECTOR_SEED_STRIDE, collector_envs, make_env
 from waddle.algorithms.runner import TrainConfig
-from waddle.collectors.rollout import CollectorDiedError, RolloutCollector, exit_reason, ray_init_options, split_envs
+from waddle.collectors.rollout import (
+    CollectorDiedError,
+    RolloutCollector,
+    exit_reason,
+    ray_actor_death,
+    ray_init_options,
+    split_envs,
+)
 
 TINY = dict(actor_hidden_sizes=(16,), critic_hidden_sizes=(16,), num_epochs=1, num_minibatches=1)
 TRAIN_TINY = [
@@ -83,6 +90,20 @@ def test_exit_reason_names_signals_and_codes():
     assert exit_reason(-signal.SIGKILL) == "killed by signal SIGKILL"
     assert exit_reason(-signal.SIGSEGV) == "killed by signal SIGSEGV"
     assert exit_reason(3) == "exited with code 3"
+
+
+def test_a_ray_actor_death_is_recognized_from_ray_and_from_the_gloo_weight_connection():
+    actor_error = type("ActorDiedError", (Exception,), {"__module__": "ray.exceptions"})
+    message = ray_actor_death(actor_error("The actor died unexpectedly\nmore"))
+    assert message == "a Ray collector actor stopped (ActorDiedError): The actor died unexpectedly"
+    # Under load the actor's death can first show as gloo losing its peer while the weights go out.
+    gloo = RuntimeError("[gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:4242")
+    assert ray_actor_death(gloo) == (
+        "a Ray collector actor stopped (its weight connection closed): "
+        "[gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:4242"
+    )
+    assert ray_actor_death(RuntimeError("mat1 and mat2 shapes cannot be multiplied")) is None
+    assert ray_actor_death(ValueError("Connection closed by peer")) is None
 
 
 def test_ray_address_must_be_host_and_port():

@@ -309,9 +309,7 @@ class RolloutCollector:
         if self.backend == "direct":
             return None
         if self.backend == "ray":
-            if type(err).__module__.startswith("ray."):  # RayActorError and kin: an actor or its node is gone
-                return f"a Ray collector actor stopped ({type(err).__name__}): {_first_line(err)}"
-            return None
+            return ray_actor_death(err)
         dead = self._dead_processes()
         if dead is not None:
             return dead
@@ -321,6 +319,21 @@ class RolloutCollector:
         if re.search(r"died|dead|exit|terminated|failed", str(err), re.IGNORECASE):
             return f"a collector process stopped: {_first_line(err)}"
         return None
+
+
+GLOO_PEER_LOST: tuple[str, ...] = ("Connection closed by peer", "remote worker crashing")
+"""Words of gloo's error when the other end of a connection is gone: TorchRL sends a Ray
+collector's weights over gloo, so an actor killed mid-send surfaces as this RuntimeError, not
+as a Ray exception."""
+
+
+def ray_actor_death(err: BaseException) -> str | None:
+    """A message naming a Ray collector actor's death, or None if ``err`` is something else."""
+    if type(err).__module__.startswith("ray."):  # RayActorError and kin: an actor or its node is gone
+        return f"a Ray collector actor stopped ({type(err).__name__}): {_first_line(err)}"
+    if isinstance(err, RuntimeError) and any(words in str(err) for words in GLOO_PEER_LOST):
+        return f"a Ray collector actor stopped (its weight connection closed): {_first_line(err)}"
+    return None
 
 
 def _first_line(err: BaseException) -> str:
