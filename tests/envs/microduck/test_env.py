@@ -236,7 +236,13 @@ def test_walking_tasks_track_the_floor_displacement_over_one_gait_cycle():
     # Tracking alone pays dt * exp(-(vx - command)^2 / 0.05^2 - vy^2 / 0.05^2) of the tracked velocity.
     weights = dict.fromkeys(MicroDuckEnv.REWARD_TERMS, 0.0) | {"tracking": 1.0}
     task = MicroDuckEnv.speed_range_task(
-        0.01, 0.03, reward_weights=weights, gait_frequency_hz=1.0, gait_frequency_per_mps=50.0
+        0.01,
+        0.03,
+        reward_weights=weights,
+        gait_frequency_hz=1.0,
+        gait_frequency_per_mps=50.0,
+        tracking_std=0.05,
+        tracking_relative_std=0.0,
     )
     env = MicroDuckEnv(tasks=task, num_envs=4, seed=0)
     td = env.reset()

@@ -56,9 +56,11 @@ BUILT_IN_PARAMS = {
     "jump_target_height": 0.005,
     "launch_velocity_scale": 0.5,
     "pose_std": 0.5,
+    "progress_off_axis_std": 0.0,
     "progress_overspeed": 0.0,
     "swing_target_height": 0.02,
     "tracking_off_axis_std": 0.05,
+    "tracking_relative_std": 0.0,
     "tracking_std": 0.1,
     "tracking_window_cycles": 0.0,
     "upright_std": 0.05**0.5,
@@ -184,6 +186,30 @@ def test_tracking_reads_the_tracked_velocity_when_given():
     assert_values(term("progress", instantaneous), [1.0, 0.25])
 
 
+def test_tracking_relative_width_scales_with_the_command():
+    features = make_features(
+        4,
+        command=[[0.1, 0.0], [0.3, 0.0], [0.0, 0.0], [0.1, 0.0]],
+        body_velocity=[[0.135, 0.0, 0.0], [0.27, 0.0, 0.0], [0.03, 0.04, 0.0], [0.1, 0.05, 0.0]],
+    )
+    paid = term("tracking", features, tracking_std=0.025, tracking_relative_std=0.25)
+    assert_values(
+        paid,
+        [
+            # 0.035 over 0.1: width max(0.025, 0.025) = 0.025: exp(-(0.035 / 0.025)^2) = exp(-1.96)
+            math.exp(-1.96),
+            # 0.03 under 0.3: width max(0.025, 0.075) = 0.075: exp(-(0.03 / 0.075)^2) = exp(-0.16)
+            math.exp(-0.16),
+            # standing: isotropic at the floor width 0.025: exp(-(0.03^2 + 0.04^2) / 0.025^2) = exp(-4)
+            math.exp(-4.0),
+            # across stays at tracking_off_axis_std 0.05: exp(-0.05^2 / 0.05^2) = exp(-1)
+            math.exp(-1.0),
+        ],
+    )
+    # relative 0 leaves the fixed width: 0.035 over 0.1 with 0.1 wide: exp(-0.1225)
+    assert_values(term("tracking", features)[:1], [math.exp(-0.1225)])
+
+
 def test_tracking_is_tighter_across_the_command_than_along_it():
     features = make_features(2, command=[[0.2, 0.0], [0.2, 0.0]], body_velocity=[[0.25, 0, 0], [0.2, 0.05, 0]])
     along, across = term("tracking", features)
@@ -233,6 +259,33 @@ def test_progress():
     # along / speed: 0.1 / 0.2 = 0.5 (lateral ignored); 0.5 / 0.2 clipped to 1; -0.1 / 0.2 = -0.5;
     # standing command: 0; backward command: (-0.1 * -1) / 0.2 = 0.5
     assert_values(term("progress", features), [0.5, 1.0, -0.5, 0.0, 0.5])
+
+
+def test_progress_off_axis_gate_reads_the_tracked_velocity_across_the_command():
+    features = make_features(
+        5,
+        command=[[0.2, 0.0], [0.2, 0.0], [0.2, 0.0], [0.0, 0.15], [0.0, 0.0]],
+        body_velocity=[[0.2, 0.3, 0], [0.2, 0.0, 0], [0.1, 0.0, 0], [0.05, 0.15, 0], [0.2, 0.1, 0]],
+    )
+    features["tracked_velocity"] = torch.tensor([[0.2, 0.0], [0.19, 0.082], [0.1, -0.1], [0.05, 0.15], [0.2, 0.1]])
+    gated = term("progress", features, progress_off_axis_std=0.1)
+    assert_values(
+        gated,
+        [
+            # instantaneous sway 0.3 across, stride average straight: gate exp(0) = 1, credit 0.2 / 0.2 = 1
+            1.0,
+            # the diagonal gait of walk seed 1: 0.082 across, exp(-0.082^2 / 0.1^2) = exp(-0.6724)
+            math.exp(-0.6724),
+            # 0.1 to the right, credit 0.5: 0.5 * exp(-1)
+            0.5 * math.exp(-1.0),
+            # sidestep 0.15 left, forward 0.05 across it: credit 1 * exp(-0.25)
+            math.exp(-0.25),
+            # standing: no progress to gate
+            0.0,
+        ],
+    )
+    # width 0 turns the gate off: the credit alone
+    assert_values(term("progress", features), [1.0, 1.0, 0.5, 1.0, 0.0])
 
 
 def test_progress_overspeed_takes_back_the_excess():

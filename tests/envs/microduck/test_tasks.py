@@ -59,6 +59,8 @@ def test_tracking_task():
     assert_vector(task.gait_frequency_hz, 1.8913)
     assert_vector(task.gait_frequency_per_mps, 0.0)
     assert_vector(task.params["tracking_window_cycles"], 1.0)  # the stride-averaged velocity
+    assert_vector(task.params["progress_off_axis_std"], 0.1)  # no progress credit for a diagonal gait
+    assert_vector(task.params["tracking_relative_std"], 0.0)
     assert_vector(task.warm_start_fraction, 0.0)
     assert_vector(task.joint_reset_noise_scale, 0.02)
     assert_vector(task.weight, 1.0)
@@ -87,6 +89,7 @@ def test_standing_task():
     assert weights_of(task) == pytest.approx(expected)
     assert_vector(task.params["pose_std"], 0.1)
     assert_vector(task.params["tracking_window_cycles"], 0.0)  # any motion at all is off the command
+    assert_vector(task.params["progress_off_axis_std"], 0.0)
 
 
 def test_speed_range_task():
@@ -99,8 +102,10 @@ def test_speed_range_task():
     assert_vector(task.gait_frequency_per_mps, 8.0)
     clock = task.gait_frequency_hz + task.gait_frequency_per_mps * torch.tensor([0.1, 0.2, 0.3])
     torch.testing.assert_close(clock, torch.tensor([1.05, 1.85, 2.65]))
-    # the tracking Gaussian is half the default's width: 0.03 m/s off costs 1 - exp(-0.36) = 30 % of the term
-    assert_vector(task.params["tracking_std"], 0.05)
+    # the tracking Gaussian is a quarter of the command wide along it, at least 0.025 m/s
+    assert_vector(task.params["tracking_std"], 0.025)
+    assert_vector(task.params["tracking_relative_std"], 0.25)
+    assert_vector(task.params["progress_off_axis_std"], 0.1)
     assert_vector(task.params["tracking_off_axis_std"], 0.05)
     assert_vector(task.params["tracking_window_cycles"], 1.0)
     assert weights_of(task) == pytest.approx({**defaults(), "heading_hold": 2.0})
@@ -116,7 +121,13 @@ def test_speed_range_task():
         batch_size=[1],
     )
     paid = tracking(features, task.params.unsqueeze(0))
-    torch.testing.assert_close(paid, torch.tensor([math.exp(-0.36)]))
+    # 0.03 m/s over a 0.1 command, width max(0.025, 0.25 * 0.1) = 0.025: exp(-(0.03 / 0.025)^2) = exp(-1.44)
+    torch.testing.assert_close(paid, torch.tensor([math.exp(-1.44)]))
+    # the same 0.03 over 0.3, width 0.25 * 0.3 = 0.075: exp(-(0.03 / 0.075)^2) = exp(-0.16)
+    features["command"] = torch.tensor([[0.3, 0.0]])
+    features["body_velocity"] = torch.tensor([[0.33, 0.0, 0.0]])
+    paid = tracking(features, task.params.unsqueeze(0))
+    torch.testing.assert_close(paid, torch.tensor([math.exp(-0.16)]))
 
 
 def test_sidestep_task():
@@ -126,6 +137,7 @@ def test_sidestep_task():
     assert_vector(task.command_high, [0.0, 0.15])
     assert weights_of(task) == pytest.approx({**defaults(), "heading_hold": 2.0})
     assert_vector(task.gait_prior_lift, 0.25)
+    assert_vector(task.params["progress_off_axis_std"], 0.1)  # across a sideways command is forward
     assert sidestep_task(-0.1).name == "sidestep-0.10"
 
 

@@ -385,9 +385,20 @@ def _tilt_squared(upright: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------------------
 
 
-@register_reward("tracking", weight=2.0, tracking_std=0.1, tracking_off_axis_std=0.05, tracking_window_cycles=0.0)
+@register_reward(
+    "tracking",
+    weight=2.0,
+    tracking_std=0.1,
+    tracking_relative_std=0.0,
+    tracking_off_axis_std=0.05,
+    tracking_window_cycles=0.0,
+)
 def tracking(features: Features, params: Features) -> torch.Tensor:
     """Gaussian of the planar velocity error, ``tracking_off_axis_std`` across the command (isotropic when standing).
+
+    Along the command the width is ``max(tracking_std, tracking_relative_std * |command|)``:
+    a relative width asks the same fraction of every commanded speed, so 0.135 m/s
+    under a 0.1 command costs what 0.27 costs under 0.2.
 
     The velocity is ``tracked_velocity``: the env averages the body velocity over
     ``tracking_window_cycles`` gait cycles (0: the instantaneous velocity). The
@@ -396,8 +407,10 @@ def tracking(features: Features, params: Features) -> torch.Tensor:
     """
     error = tracked_velocity(features) - features["command"]
     along, across_sq, moving = _split_along_command(error, features)
+    speed = torch.linalg.vector_norm(features["command"], dim=-1)
+    along_std = torch.maximum(params["tracking_std"], params["tracking_relative_std"] * speed)
     across_std = torch.where(moving, params["tracking_off_axis_std"], params["tracking_std"])
-    return torch.exp(-along.square() / params["tracking_std"].square() - across_sq / across_std.square())
+    return torch.exp(-along.square() / along_std.square() - across_sq / across_std.square())
 
 
 @register_reward("yaw_rate", weight=1.0, yaw_rate_std=0.5**0.5)
@@ -418,17 +431,28 @@ def pose(features: Features, params: Features) -> torch.Tensor:
     return torch.exp(-features["joint_error"].square().mean(-1) / params["pose_std"].square())
 
 
-@register_reward("progress", weight=2.0, progress_overspeed=0.0)
+@register_reward("progress", weight=2.0, progress_overspeed=0.0, progress_off_axis_std=0.0)
 def progress(features: Features, params: Features) -> torch.Tensor:
     """Linear in the velocity along the command, as a fraction of it in [-1, 1]; zero when standing.
 
     Past the command, ``progress_overspeed`` times the excess fraction is taken
     back (1: a tent peaking at the command), so walking faster than asked
     costs more than the tracking kernel's flat tail does.
+
+    With ``progress_off_axis_std > 0`` the credit is multiplied by a Gaussian of
+    the ``tracked_velocity`` across the command, of that width: a robot that
+    walks diagonally makes no progress. The gate reads the tracked (stride-averaged)
+    velocity, so the sway inside a stride costs nothing; the fraction itself reads
+    the instantaneous velocity.
     """
     ratio = _speed_ratio(features)
     excess = (ratio - 1.0).clamp_min(0.0)
-    return (ratio.clamp(-1.0, 1.0) - params["progress_overspeed"] * excess).clamp(-1.0, 1.0)
+    credit = (ratio.clamp(-1.0, 1.0) - params["progress_overspeed"] * excess).clamp(-1.0, 1.0)
+    std = params["progress_off_axis_std"]
+    _, across_sq, moving = _split_along_command(tracked_velocity(features), features)
+    across_sq = torch.where(moving, across_sq, torch.zeros_like(across_sq))
+    gate = torch.where(std > 0, torch.exp(-across_sq / std.clamp_min(1e-8).square()), torch.ones_like(std))
+    return credit * gate
 
 
 @register_reward("air_time", weight=3.0, air_time_min=0.125, air_time_max=0.3, gait_progress_floor=0.5)

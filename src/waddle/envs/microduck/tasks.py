@@ -79,10 +79,16 @@ Steps then come 2.1 to 5.3 times a second, so that the stride PPO's gaits settle
 walks near the command at both ends. With 1 Hz + 5 Hz per m/s (the former clock, 1.5 to 2.5 Hz) seed 0
 walked 0.166 / 0.233 / 0.277 m/s at 0.1 / 0.2 / 0.3 (``benchmarks/learning.py --parts speed-range``)."""
 
-SPEED_RANGE_TRACKING_STD = 0.05
-"""Width of the speed-range preset's tracking Gaussian, m/s: half the registered default, so that walking
-0.03 m/s off the command costs 30 % of the term (0.1 wide: 9 %). With the new clock alone seed 0 walked
-0.136 / 0.224 / 0.273; with both, 0.129 / 0.218 / 0.281."""
+SPEED_RANGE_TRACKING_STD = 0.025
+"""Narrowest width of the speed-range preset's tracking Gaussian along the command, m/s (``tracking_std``).
+
+A fixed 0.05 (half the registered default) cost 30 % of the term for 0.03 m/s off any command; at
+0.1 m/s, where that is 30 % of the speed, the policies of three seeds walked 0.115-0.135."""
+
+SPEED_RANGE_TRACKING_RELATIVE_STD = 0.25
+"""Width of the speed-range preset's tracking Gaussian along the command as a fraction of the commanded
+speed (``tracking_relative_std``): 0.025 m/s at 0.1, 0.05 at 0.2 (the former fixed width), 0.075 at 0.3.
+Walking 0.035 m/s too fast at 0.1 now costs 86 % of the term (was 39 %)."""
 
 TRACKING_WINDOW_CYCLES = 1.0
 """Gait cycles the walking presets average the tracked velocity over (``tracking_window_cycles``).
@@ -94,8 +100,22 @@ progress clip at the command let the fast half of a stride's speeds pay past it.
 cycle the surge and sway average out: ``tracking`` and ``progress`` see the speed the robot makes
 good (the gait terms' gate keeps the instantaneous velocity, see ``rewards._stepping_gate``)."""
 
-WALKING_TRACKING: dict[str, float] = {"tracking_window_cycles": TRACKING_WINDOW_CYCLES}
-"""Term parameters the walking presets (tracking, speed range, sidestep) set: the stride-averaged velocity."""
+PROGRESS_OFF_AXIS_STD = 0.1
+"""Width, m/s, of the walking presets' gate on ``progress`` (``progress_off_axis_std``): the Gaussian of
+the stride-averaged velocity across the command that multiplies the progress credit.
+
+Without it ``progress`` paid for the speed along the command whatever the robot did across it: walk
+seed 1 settled on a diagonal gait, 0.192 m/s forward and 0.082 m/s to the left, where ``tracking``
+(0.05 wide across) paid 7 % of its weight and ``progress`` all of it. Gated, that gait keeps half of
+``progress``; a straight one (0.005 m/s across) keeps 99.8 %. The gate is wider than ``tracking``'s
+across-width so that it still pulls a gait 0.1 m/s off its line back toward it."""
+
+WALKING_TRACKING: dict[str, float] = {
+    "tracking_window_cycles": TRACKING_WINDOW_CYCLES,
+    "progress_off_axis_std": PROGRESS_OFF_AXIS_STD,
+}
+"""Term parameters the walking presets (tracking, speed range, sidestep) set: the stride-averaged
+velocity is tracked, and progress across the command is not paid for."""
 
 SPEED_RANGE_STRIDE_PER_MPS = 1.0
 """Hip swing of the speed-range preset's gait prior, radians per m/s of forward command (0.3 rad, about
@@ -309,8 +329,10 @@ def speed_range_task(
     :data:`SPEED_RANGE_CLOCK_HZ_PER_MPS` per m/s of command, so the rewarded
     cadence follows the commanded speed, the gait prior swings the hips with
     the command (:data:`SPEED_RANGE_STRIDE_PER_MPS`) so that the stride can
-    grow with it, and the tracking Gaussian is :data:`SPEED_RANGE_TRACKING_STD`
-    wide: one policy modulates its speed instead of settling on one gait.
+    grow with it, and the tracking Gaussian is a fixed fraction of the command
+    wide (:data:`SPEED_RANGE_TRACKING_RELATIVE_STD`, at least
+    :data:`SPEED_RANGE_TRACKING_STD`): one policy modulates its speed instead
+    of settling on one gait.
     """
     low, high = float(low), float(high)
     return make_task(
@@ -323,6 +345,7 @@ def speed_range_task(
             "gait_frequency_hz": SPEED_RANGE_CLOCK_HZ,
             "gait_frequency_per_mps": SPEED_RANGE_CLOCK_HZ_PER_MPS,
             "tracking_std": SPEED_RANGE_TRACKING_STD,
+            "tracking_relative_std": SPEED_RANGE_TRACKING_RELATIVE_STD,
             "gait_prior_stride_per_mps": SPEED_RANGE_STRIDE_PER_MPS,
             "pose_std": POSE_STD_MOVING,
             **WALKING_PRIOR,
