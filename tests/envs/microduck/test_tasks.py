@@ -225,6 +225,8 @@ def test_make_task_unknown_reward_weight_names_the_registered_terms():
         ({"weight": -1.0}, "weight must be >= 0"),
         ({"weight": float("inf")}, "weight must be finite"),
         ({"pose_std": float("nan")}, r"params\['pose_std'\] must be finite"),
+        ({"progress_off_axis_std": -0.1}, r"params\['progress_off_axis_std'\] must be >= 0 \(0: off\)"),
+        ({"tracking_relative_std": -0.25}, r"params\['tracking_relative_std'\] must be >= 0"),
         ({"reward_weights": {"pose": float("nan")}}, "reward_weights must be finite"),
         ({"name": ""}, "name must be a non-empty string"),
     ],

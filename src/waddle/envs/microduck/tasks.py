@@ -518,6 +518,8 @@ def _check_rows(rows: MicroDuckTask) -> None:
     _require(rows, rows.gait_prior_lift >= 0, "gait_prior_lift must be >= 0")
     _require(rows, rows.gait_prior_stride_per_mps >= 0, "gait_prior_stride_per_mps must be >= 0")
     _require(rows, rows.weight >= 0, "weight must be >= 0")
+    for key in ("tracking_relative_std", "progress_off_axis_std"):  # 0 turns each off
+        _require(rows, rows.params[key] >= 0, f"params[{key!r}] must be >= 0 (0: off)")
     bad_names = [name for name in _names(rows) if not isinstance(name, str) or not name]
     if bad_names:
         raise ValueError(f"every task needs a non-empty string name, got {bad_names}.")
