@@ -57,9 +57,10 @@ TASKS: dict[str, Callable[[], list[MicroDuckTask]]] = {
 TASK_TOTAL_STEPS: dict[str, int] = {"walk": 6_000_000, "speed-range": 6_000_000, "sidestep": 6_000_000}
 """``--total-steps`` of a new run of these tasks when the flag is left out (others: ``TrainConfig``'s).
 
-Walking takes longer than standing: on ``walk``, PPO held 0.2 m/s within 0.05 after 1.15M env
-steps with seed 0, 1.31M with seed 2 and 3.60M with seed 1 (``benchmarks/learning.py --parts
-walk``); at 6M they walked 0.207, 0.212 and 0.192 m/s. 6M took 18 minutes on 2 idle cores."""
+Walking takes longer than standing: on ``walk``, PPO held 0.2 m/s within 0.05 (forward, and
+sideways within 0.05 of zero) after 1.15M env steps with seed 0, 2.13M with seed 1 and 1.80M with
+seed 2 (``benchmarks/learning.py --parts walk``); at 6M they walked 0.208, 0.195 and 0.191 m/s
+with 0.002-0.003 m/s of sideways speed. 6M took 15-17 minutes on 2 cores."""
 
 BACKENDS: tuple[str, ...] = tuple(PHYSICS_BACKENDS)
 """``--backend`` names: the physics backends MicroDuckEnv can run on."""
