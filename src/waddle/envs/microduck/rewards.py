@@ -449,8 +449,7 @@ def progress(features: Features, params: Features) -> torch.Tensor:
     excess = (ratio - 1.0).clamp_min(0.0)
     credit = (ratio.clamp(-1.0, 1.0) - params["progress_overspeed"] * excess).clamp(-1.0, 1.0)
     std = params["progress_off_axis_std"]
-    _, across_sq, moving = _split_along_command(tracked_velocity(features), features)
-    across_sq = torch.where(moving, across_sq, torch.zeros_like(across_sq))
+    _, across_sq, _ = _split_along_command(tracked_velocity(features), features)  # standing: credit is 0
     gate = torch.where(std > 0, torch.exp(-across_sq / std.clamp_min(1e-8).square()), torch.ones_like(std))
     return credit * gate
 
