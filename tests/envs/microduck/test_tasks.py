@@ -97,11 +97,11 @@ def test_speed_range_task():
     assert task.name == "speed_range+0.10..+0.30"
     assert_vector(task.command_low, [0.1, 0.0])
     assert_vector(task.command_high, [0.3, 0.0])
-    # clock: 0.25 Hz + 8 Hz per m/s, so 1.05 Hz at 0.1 m/s, 1.85 Hz at 0.2 and 2.65 Hz at 0.3
-    assert_vector(task.gait_frequency_hz, 0.25)
-    assert_vector(task.gait_frequency_per_mps, 8.0)
+    # clock: 0.75 Hz + 6 Hz per m/s, so 1.35 Hz at 0.1 m/s, 1.95 Hz at 0.2 and 2.55 Hz at 0.3
+    assert_vector(task.gait_frequency_hz, 0.75)
+    assert_vector(task.gait_frequency_per_mps, 6.0)
     clock = task.gait_frequency_hz + task.gait_frequency_per_mps * torch.tensor([0.1, 0.2, 0.3])
-    torch.testing.assert_close(clock, torch.tensor([1.05, 1.85, 2.65]))
+    torch.testing.assert_close(clock, torch.tensor([1.35, 1.95, 2.55]))
     # the tracking Gaussian is a quarter of the command wide along it, at least 0.025 m/s
     assert_vector(task.params["tracking_std"], 0.025)
     assert_vector(task.params["tracking_relative_std"], 0.25)
