@@ -27,30 +27,45 @@ pytest.importorskip("mujoco.mjx", reason="needs the mjx extra: pip install 'wadd
 from helpers.gradients import central_difference  # noqa: E402
 
 from waddle.envs.microduck import MicroDuckEnv  # noqa: E402
-from waddle.envs.microduck.constants import EMBEDDED_SCENE, FOOT_SITES, IMU_SITE, STAND_KEYFRAME  # noqa: E402
-from waddle.physics import make_backend  # noqa: E402
+from waddle.envs.microduck.constants import EMBEDDED_SCENE, STAND_KEYFRAME  # noqa: E402
 
-FRAME_SKIP, STEPS, NUM_ENVS = 10, 3, 2
+STEPS, NUM_ENVS = 3, 2
+
+# Both tests differentiate the same floorless env: they share one pair of compiled MJX programs
+# (plain and differentiable), which is most of their time.
+pytestmark = pytest.mark.slow
 
 
-@pytest.mark.slow
-def test_microduck_mjx_gradients_match_central_differences():
+@pytest.fixture(scope="module")
+def floorless_envs(tmp_path_factory):
+    """``{requires_grad: MicroDuckEnv}`` on the embedded scene without its floor, float64, on MJX."""
     spec = mujoco.MjSpec.from_file(str(EMBEDDED_SCENE))
     spec.delete(spec.geom("floor"))
-    model = spec.compile()
-    sims = {
-        requires_grad: make_backend(
-            "mjx",
-            spec,
+    scene = tmp_path_factory.mktemp("floorless") / "floorless.xml"
+    scene.write_text(spec.to_xml())
+    envs = {
+        requires_grad: MicroDuckEnv(
+            scene,
             num_envs=NUM_ENVS,
-            frame_skip=FRAME_SKIP,
-            site_names=(*FOOT_SITES, IMU_SITE),
+            backend="mjx",
+            seed=0,
             dtype=torch.float64,
             requires_grad=requires_grad,
             compiler_options={"xla_llvm_disable_expensive_passes": True},
         )
         for requires_grad in (True, False)
     }
+    yield envs
+    for env in envs.values():
+        env.close()
+
+
+def test_microduck_mjx_gradients_match_central_differences(floorless_envs):
+    """The backend alone: site positions and joint angles after 3 control steps, against the
+    controls and the initial velocity."""
+    sims = {requires_grad: env.physics for requires_grad, env in floorless_envs.items()}
+    model = sims[False].model
+    frame_skip = sims[False].frame_skip
     key = model.key(STAND_KEYFRAME)
     gen = torch.Generator().manual_seed(0)
     qpos0 = torch.tensor(key.qpos, dtype=torch.float64).repeat(NUM_ENVS, 1)
@@ -59,7 +74,8 @@ def test_microduck_mjx_gradients_match_central_differences():
     controls = torch.tensor(key.ctrl, dtype=torch.float64) + 0.2 * torch.randn(
         STEPS, NUM_ENVS, model.nu, generator=gen, dtype=torch.float64
     )
-    site_weights = torch.randn(NUM_ENVS, 3, 3, generator=gen, dtype=torch.float64)
+    num_sites = sims[False].site_positions().shape[1]
+    site_weights = torch.randn(NUM_ENVS, num_sites, 3, generator=gen, dtype=torch.float64)
     joint_weights = torch.randn(NUM_ENVS, model.nq - 7, generator=gen, dtype=torch.float64)
 
     def loss(controls, qvel0, sim=sims[True]):
@@ -79,7 +95,7 @@ def test_microduck_mjx_gradients_match_central_differences():
     data.qpos[:], data.qvel[:] = qpos0[0].numpy(), qvel0[0].numpy()
     for ctrl in controls[:, 0]:
         data.ctrl[:] = ctrl.numpy()
-        for _ in range(FRAME_SKIP):
+        for _ in range(frame_skip):
             mujoco.mj_step(model, data)
             assert data.ncon == 0
 
@@ -93,28 +109,11 @@ def test_microduck_mjx_gradients_match_central_differences():
         assert autograd == pytest.approx(finite_difference, rel=1e-5, abs=1e-8), point
 
 
-@pytest.mark.slow
-def test_microduck_env_policy_gradient_matches_central_differences_of_the_plain_path(tmp_path):
+def test_microduck_env_policy_gradient_matches_central_differences_of_the_plain_path(floorless_envs):
     """The env end to end: a 4-step rollout of a tanh-linear policy, loss = mean
     reward; the policy's gradient through ``requires_grad=True`` against central
     differences of the same loss on ``requires_grad=False``."""
-    spec = mujoco.MjSpec.from_file(str(EMBEDDED_SCENE))
-    spec.delete(spec.geom("floor"))
-    scene = tmp_path / "floorless.xml"
-    scene.write_text(spec.to_xml())
-
-    def make(requires_grad):
-        return MicroDuckEnv(
-            scene,
-            num_envs=NUM_ENVS,
-            backend="mjx",
-            seed=0,
-            dtype=torch.float64,
-            requires_grad=requires_grad,
-            compiler_options={"xla_llvm_disable_expensive_passes": True},
-        )
-
-    envs = {requires_grad: make(requires_grad) for requires_grad in (True, False)}
+    envs = floorless_envs
     obs_dim = envs[True].observation_spec["observation"].shape[-1]
     gen = torch.Generator().manual_seed(0)
     weight = 0.05 * torch.randn(14, obs_dim, generator=gen, dtype=torch.float64)
