@@ -75,8 +75,9 @@ SPEED_RANGE_CLOCK_HZ = 0.75
 SPEED_RANGE_CLOCK_HZ_PER_MPS = 6.0
 """Clock frequency the speed-range preset adds per m/s of command: 1.35 Hz at 0.1 m/s, 1.95 at 0.2, 2.55 at 0.3.
 
-Steps then come 2.7 to 5.1 times a second; on this clock seeds 0 and 1 walked 0.117 / 0.216 / 0.281 and
-0.110 / 0.205 / 0.281 m/s at 0.1 / 0.2 / 0.3 with 100 % survival, on strides of 4.1-5.5 cm. With 1 Hz + 5 Hz per m/s (1.5 to 2.5 Hz) seed 0 walked
+Steps then come 2.7 to 5.1 times a second; on this clock seeds 0, 1 and 2 walked 0.117 / 0.216 / 0.281,
+0.110 / 0.205 / 0.281 and 0.123 / 0.207 / 0.286 m/s at 0.1 / 0.2 / 0.3 with 100 % survival, on strides of
+4.1-5.6 cm. With 1 Hz + 5 Hz per m/s (1.5 to 2.5 Hz) seed 0 walked
 0.166 / 0.233 / 0.277 m/s at 0.1 / 0.2 / 0.3; with 0.25 Hz + 8 Hz per m/s (1.05 to 2.65 Hz) the 0.1 m/s
 gait held its speed but was marginal, stepping twice a second: seeds 0 and 2 fell in 6 % and 3 % of
 20-s episodes there, about 2.4 s after reset (``benchmarks/learning.py --parts speed-range``)."""
