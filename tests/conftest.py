@@ -1,10 +1,30 @@
 import os
 
-import pytest
-import torch
 
-import waddle  # noqa: F401  (chooses MuJoCo's GL backend before a test module imports mujoco)
-from waddle import gl_backend
+def _use_jax_compilation_cache() -> None:
+    """Turn on JAX's persistent compilation cache for the whole session, subprocesses included.
+
+    Compiling an MJX or Brax step takes from tens of seconds to minutes on a
+    2-core CPU; with the cache a program that several tests build compiles once
+    per session, and once per machine across runs. Its folder is
+    ``$WADDLE_JAX_CACHE`` (default ``~/.cache/waddle/jax``; ``0`` or empty
+    turns it off). JAX reads these variables when it is imported, so this runs
+    before anything imports it.
+    """
+    path = os.environ.get("WADDLE_JAX_CACHE", os.path.expanduser("~/.cache/waddle/jax"))
+    if path in ("", "0"):
+        return
+    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", path)
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "2")
+
+
+_use_jax_compilation_cache()
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import waddle  # noqa: E402, F401  (chooses MuJoCo's GL backend before a test module imports mujoco)
+from waddle import gl_backend  # noqa: E402
 
 # Tests run tiny networks on a 2-core machine shared with the physics threads:
 # torch's own thread pool only adds contention there.

@@ -21,7 +21,6 @@ from helpers.collector_contract import (  # noqa: E402
     check_collect_matches_unrolled_loop,
     check_windows_and_detach_state,
 )
-from helpers.jax_cache import persistent_compilation_cache  # noqa: E402
 from helpers.policies import linear_policy  # noqa: E402
 
 from waddle.envs.brax import BraxEnv  # noqa: E402
@@ -33,16 +32,15 @@ pytestmark = pytest.mark.timeout(900)
 
 @pytest.fixture(scope="module")
 def case():
-    with persistent_compilation_cache():
-        env = BraxEnv(
-            "reacher",
-            backend="positional",
-            batch_size=[NUM_ENVS],
-            requires_grad=True,
-            compiler_options=FAST_COMPILE,
-        )
-        yield EnvCase(env, lambda td: td["observation"])
-        env.close()
+    env = BraxEnv(
+        "reacher",
+        backend="positional",
+        batch_size=[NUM_ENVS],
+        requires_grad=True,
+        compiler_options=FAST_COMPILE,
+    )
+    yield EnvCase(env, lambda td: td["observation"])
+    env.close()
 
 
 def _open_loop_actions() -> torch.Tensor:

@@ -20,7 +20,6 @@ from helpers.collector_contract import (  # noqa: E402
     check_collect_matches_unrolled_loop,
     check_windows_and_detach_state,
 )
-from helpers.jax_cache import persistent_compilation_cache  # noqa: E402
 from helpers.policies import linear_policy  # noqa: E402
 
 from waddle.envs.microduck import MicroDuckEnv  # noqa: E402
@@ -31,16 +30,15 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 @pytest.fixture(scope="module")
 def case():
-    with persistent_compilation_cache():
-        env = MicroDuckEnv(
-            backend="mjx",
-            requires_grad=True,
-            num_envs=NUM_ENVS,
-            seed=0,
-            compiler_options={"xla_llvm_disable_expensive_passes": True},
-        )
-        yield EnvCase(env, lambda td: td["observation"])
-        env.close()
+    env = MicroDuckEnv(
+        backend="mjx",
+        requires_grad=True,
+        num_envs=NUM_ENVS,
+        seed=0,
+        compiler_options={"xla_llvm_disable_expensive_passes": True},
+    )
+    yield EnvCase(env, lambda td: td["observation"])
+    env.close()
 
 
 @pytest.fixture

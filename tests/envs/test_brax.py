@@ -21,7 +21,6 @@ import torch
 pytest.importorskip("jax")
 pytest.importorskip("brax")
 
-from helpers.jax_cache import persistent_compilation_cache  # noqa: E402
 from tensordict import TensorDict  # noqa: E402
 from tensordict.nn import TensorDictModule  # noqa: E402
 from torchrl.envs import ParallelEnv  # noqa: E402
@@ -33,12 +32,6 @@ BACKEND = "positional"
 BATCH = 3
 FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 pytestmark = pytest.mark.timeout(900)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _jax_compilation_cache():
-    with persistent_compilation_cache():
-        yield
 
 
 def _reacher(**kwargs) -> BraxEnv:

@@ -51,6 +51,9 @@ PENDULUM_XML = """
 SITES = ("ball_side", "tip")
 GEOMS = ("ball", "arm")
 NUM_ENVS = 3
+FRAME_SKIP = 4
+"""Substeps per control step. Test modules that build the same MJX backend (model, envs, substeps,
+sites, precision, compiler options) share one compiled program through the session's compilation cache."""
 
 
 def ball_arm_start(model):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import mujoco
 import pytest
 import torch
-from helpers.ball_arm import BALL_ARM_XML, GEOMS, NUM_ENVS, SITES, ball_arm_start
+from helpers.ball_arm import BALL_ARM_XML, FRAME_SKIP, GEOMS, NUM_ENVS, SITES, ball_arm_start
 
 from waddle.physics import BACKENDS, backend_available, make_backend
 
@@ -36,7 +36,7 @@ def test_diverged_flags_only_the_broken_env_until_it_is_reset(name):
         name,
         spec,
         num_envs=NUM_ENVS,
-        frame_skip=2,
+        frame_skip=FRAME_SKIP,
         site_names=SITES,
         contact_geom_names=GEOMS,
         dtype=torch.float64,

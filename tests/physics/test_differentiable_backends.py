@@ -38,9 +38,13 @@ XML = """
 """
 BACKENDS = ["mjx", "mujoco-torch"]
 FRAME_SKIP = 4
+FAST_COMPILE = {"xla_llvm_disable_expensive_passes": True}
+"""XLA option for the MJX programs: same results, ~40% less compile time on a CPU."""
 
 
 def _backend(name, num_envs=2, **kwargs):
+    if name == "mjx":
+        kwargs.setdefault("compiler_options", FAST_COMPILE)
     return make_backend(
         name,
         mujoco.MjSpec.from_string(XML),

@@ -21,7 +21,15 @@ import torch
 
 pytest.importorskip("mujoco.mjx", reason="needs the mjx extra: pip install 'waddle[mjx]'")
 
-from helpers.ball_arm import BALL_ARM_XML, GEOMS, NUM_ENVS, PENDULUM_XML, SITES, ball_arm_start  # noqa: E402
+from helpers.ball_arm import (  # noqa: E402
+    BALL_ARM_XML,
+    FRAME_SKIP,
+    GEOMS,
+    NUM_ENVS,
+    PENDULUM_XML,
+    SITES,
+    ball_arm_start,
+)
 from helpers.gradients import assert_pendulum_gradients  # noqa: E402
 from helpers.mujoco_c import c_rollout  # noqa: E402
 from helpers.rollout import backend_rollout  # noqa: E402
@@ -30,7 +38,7 @@ from waddle.physics.mjx import MjxBackend  # noqa: E402
 
 FAST_COMPILE = {"xla_llvm_disable_expensive_passes": True}
 
-FRAME_SKIP, STEPS = 4, 20
+STEPS = 20
 
 
 @pytest.fixture(scope="module")
