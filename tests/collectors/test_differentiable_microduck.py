@@ -20,6 +20,7 @@ from helpers.collector_contract import (  # noqa: E402
     check_collect_matches_unrolled_loop,
     check_windows_and_detach_state,
 )
+from helpers.compile_options import MJX_FAST_COMPILE  # noqa: E402
 from helpers.policies import linear_policy  # noqa: E402
 
 from waddle.envs.microduck import MicroDuckEnv  # noqa: E402
@@ -35,7 +36,7 @@ def case():
         requires_grad=True,
         num_envs=NUM_ENVS,
         seed=0,
-        compiler_options={"xla_llvm_disable_expensive_passes": True},
+        compiler_options=MJX_FAST_COMPILE,
     )
     yield EnvCase(env, lambda td: td["observation"])
     env.close()

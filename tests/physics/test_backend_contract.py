@@ -12,6 +12,7 @@ import mujoco
 import pytest
 import torch
 from helpers.ball_arm import BALL_ARM_XML, FRAME_SKIP, GEOMS, NUM_ENVS, SITES, ball_arm_start
+from helpers.compile_options import MJX_FAST_COMPILE
 
 from waddle.physics import BACKENDS, backend_available, make_backend
 
@@ -31,7 +32,7 @@ BACKEND_PARAMS = [
 def test_diverged_flags_only_the_broken_env_until_it_is_reset(name):
     spec = mujoco.MjSpec.from_string(BALL_ARM_XML)  # the native backend instruments the spec
     model = spec.compile()
-    kwargs = {"compiler_options": {"xla_llvm_disable_expensive_passes": True}} if name == "mjx" else {}
+    kwargs = {"compiler_options": MJX_FAST_COMPILE} if name == "mjx" else {}
     sim = make_backend(
         name,
         spec,

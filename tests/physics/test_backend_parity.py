@@ -42,6 +42,7 @@ import mujoco
 import numpy as np
 import pytest
 import torch
+from helpers.compile_options import MJX_FAST_COMPILE
 from helpers.mujoco_c import c_rollout
 from helpers.rollout import backend_rollout
 
@@ -134,7 +135,7 @@ def test_mjx_matches_mujoco_c(duck):
         qpos,
         qvel,
         actions,
-        compiler_options={"xla_llvm_disable_expensive_passes": True},
+        compiler_options=MJX_FAST_COMPILE,
     )
     assert_close_trajectory(got, ref, first_step=1e-8, overall=5e-3, sites=2e-3, contact_agreement=0.95)
 

@@ -24,6 +24,7 @@ import torch
 
 pytest.importorskip("mujoco.mjx", reason="needs the mjx extra: pip install 'waddle[mjx]'")
 
+from helpers.compile_options import MJX_FAST_COMPILE  # noqa: E402
 from helpers.gradients import central_difference  # noqa: E402
 
 from waddle.envs.microduck import MicroDuckEnv  # noqa: E402
@@ -51,7 +52,7 @@ def floorless_envs(tmp_path_factory):
             seed=0,
             dtype=torch.float64,
             requires_grad=requires_grad,
-            compiler_options={"xla_llvm_disable_expensive_passes": True},
+            compiler_options=MJX_FAST_COMPILE,
         )
         for requires_grad in (True, False)
     }

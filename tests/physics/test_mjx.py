@@ -30,13 +30,12 @@ from helpers.ball_arm import (  # noqa: E402
     SITES,
     ball_arm_start,
 )
+from helpers.compile_options import MJX_FAST_COMPILE  # noqa: E402
 from helpers.gradients import assert_pendulum_gradients  # noqa: E402
 from helpers.mujoco_c import c_rollout  # noqa: E402
 from helpers.rollout import backend_rollout  # noqa: E402
 
 from waddle.physics.mjx import MjxBackend  # noqa: E402
-
-FAST_COMPILE = {"xla_llvm_disable_expensive_passes": True}
 
 STEPS = 20
 
@@ -54,7 +53,7 @@ def _ball_arm_sim(model, dtype) -> MjxBackend:
         site_names=SITES,
         contact_geom_names=GEOMS,
         dtype=dtype,
-        compiler_options=FAST_COMPILE,
+        compiler_options=MJX_FAST_COMPILE,
     )
 
 
@@ -155,7 +154,7 @@ def test_gradients_match_central_differences(batch_chunks):
         dtype=torch.float64,
         requires_grad=True,
         batch_chunks=batch_chunks,
-        compiler_options=FAST_COMPILE,
+        compiler_options=MJX_FAST_COMPILE,
     )
     assert sim._diff_step.batch_chunks == batch_chunks
 

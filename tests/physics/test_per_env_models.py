@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from helpers.ball_arm import BALL_ARM_XML, GEOMS, NUM_ENVS, SITES, ball_arm_start
+from helpers.compile_options import MJX_FAST_COMPILE
 
 from waddle.physics import make_backend
 
@@ -172,7 +173,7 @@ def test_mjx_envs_step_with_their_own_models(model):
         site_names=SITES,
         contact_geom_names=GEOMS,
         dtype=torch.float64,
-        compiler_options={"xla_llvm_disable_expensive_passes": True},
+        compiler_options=MJX_FAST_COMPILE,
     )
     assert sim.per_env_models
     qpos, qvel = _start(model)
