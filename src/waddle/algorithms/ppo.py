@@ -142,6 +142,12 @@ class PPOConfig:
     actor_observation: str = "full"
     """What the actor reads: 'full' (the env's 56-value observation, linear velocity included) or 'sensors'
     (sensor_observation, what the robot measures on board; the critic keeps the full observation)."""
+    mirror_loss_coef: float = 0.0
+    """Weight of the mirror loss (0: none): the mean over a minibatch of the squared distance, summed over
+    action entries, between the actor's mean action on the left-right reflected observation and the
+    reflection of its mean action, the latter held fixed (rsl_rl's ``mirror_loss_coeff``). The env says how
+    its entries reflect (``MicroDuckEnv.MIRRORS``); a symmetric robot's straight gait is equivariant, and a
+    policy that is not turns the same way every cycle."""
     overlap_rollout: bool = False
     """Collect the next rollout in a background thread while the update runs, with the policy from before
     that update: the simulator keeps stepping during the update, at the price of one iteration of policy
@@ -164,6 +170,8 @@ class PPOConfig:
         for name in ("learning_rate", "desired_kl", "clip_epsilon", "max_grad_norm"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"PPOConfig.{name} must be > 0, got {getattr(self, name)!r}.")
+        if not (isinstance(self.mirror_loss_coef, (int, float)) and 0.0 <= self.mirror_loss_coef < math.inf):
+            raise ValueError(f"PPOConfig.mirror_loss_coef must be a finite number >= 0, got {self.mirror_loss_coef!r}.")
         for name in ("gamma", "gae_lambda"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"PPOConfig.{name} must be in [0, 1], got {getattr(self, name)!r}.")
@@ -271,6 +279,42 @@ def gaussian_kl(old_loc: torch.Tensor, old_scale: torch.Tensor, loc: torch.Tenso
     """
     kl = torch.log(scale / old_scale) + (old_scale**2 + (old_loc - loc) ** 2) / (2.0 * scale**2) - 0.5
     return kl.sum(-1).mean()
+
+
+def mirrors_of(env: EnvBase, key: str) -> tuple[Callable[[torch.Tensor], torch.Tensor], ...]:
+    """The reflections of ``env``'s entry ``key`` and of its action, from the env's ``MIRRORS`` mapping.
+
+    Raises:
+        ValueError: the env declares no mirror for ``key`` or for ``"action"``.
+    """
+    mirrors = getattr(env, "MIRRORS", None) or {}
+    missing = [name for name in (key, "action") if name not in mirrors]
+    if missing:
+        raise ValueError(
+            f"PPOConfig.mirror_loss_coef > 0 needs the env's left-right reflection of {missing}, and "
+            f"{type(env).__name__} declares {sorted(mirrors) or 'none'} (a MIRRORS mapping, as MicroDuckEnv's); "
+            "set mirror_loss_coef=0 for an env without one."
+        )
+    return mirrors[key], mirrors["action"]
+
+
+def mirror_loss(
+    policy: GaussianPolicy,
+    observation: torch.Tensor,
+    task_id: torch.Tensor | None,
+    observation_mirror: Callable[[torch.Tensor], torch.Tensor],
+    action_mirror: Callable[[torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
+    """Mean over the batch of ``|mu(mirror(o)) - mirror(mu(o))|^2``, the second mean action held fixed.
+
+    Zero exactly when the actor's mean commutes with the reflection on these
+    observations; its gradient moves only the answer to the reflected ones.
+    """
+    both = torch.cat([observation, observation_mirror(observation)])
+    task_ids = None if task_id is None else torch.cat([task_id, task_id])
+    loc, _ = policy(both, task_ids)
+    direct, reflected = loc.chunk(2)
+    return (reflected - action_mirror(direct).detach()).pow(2).sum(-1).mean()
 
 
 def finished_episodes(
@@ -391,6 +435,7 @@ class PPO:
                 f"PPOConfig.actor_observation={config.actor_observation!r} reads {self.actor_key!r}, which this env "
                 f"does not report; its entries: {sorted(map(str, env.observation_spec.keys()))}."
             )
+        self.mirrors = mirrors_of(env, self.actor_key) if config.mirror_loss_coef > 0 else None
         self.critic_keys = critic_keys(env)
         observation_dim = env.observation_spec[self.actor_key].shape[-1]
         action_dim = env.action_spec.shape[-1]
@@ -565,7 +610,8 @@ class PPO:
             "clip_fraction": "charts/clip_fraction",
             "explained_variance": "charts/explained_variance",
         }
-        sums = dict.fromkeys([*logged.values(), "charts/kl", "charts/grad_norm"], 0.0)
+        extras = ["charts/kl", "charts/grad_norm"] + (["losses/mirror_loss"] if self.mirrors is not None else [])
+        sums = dict.fromkeys([*logged.values(), *extras], 0.0)
         num_updates = 0
         for _epoch in range(config.num_epochs):
             # One gather per epoch; the minibatches are then contiguous slices of it.
@@ -574,6 +620,11 @@ class PPO:
                 mb_data = shuffled[start : start + minibatch_size]
                 losses = self.loss_module(mb_data)
                 loss = sum(value for key, value in losses.items() if key.startswith("loss_"))
+                if self.mirrors is not None:
+                    task_id = mb_data[TASK_ID_KEY] if self.policy.reads_task_id else None
+                    mirrored = mirror_loss(self.policy, mb_data[self.actor_key], task_id, *self.mirrors)
+                    sums["losses/mirror_loss"] += float(mirrored.detach())
+                    loss = loss + config.mirror_loss_coef * mirrored
                 if not torch.isfinite(loss):
                     parts = ", ".join(
                         f"{logged[key]}={float(value.detach()):.4g}" for key, value in losses.items() if key in logged

@@ -60,6 +60,7 @@ from waddle.envs.microduck.randomization import (
     value_sizes,
 )
 from waddle.envs.microduck.sensors import NOISY_FIELDS, SENSOR_DIM, SENSOR_FIELDS, SensorField
+from waddle.envs.microduck.symmetry import MIRRORS, SignedPermutation
 from waddle.envs.microduck.tasks import MicroDuckTask
 from waddle.envs.mujoco_env import MujocoEnv
 from waddle.envs.rotations import heading, projected_gravity, rotate, rotate_inverse, wrap_angle
@@ -127,6 +128,9 @@ class MicroDuckEnv(MujocoEnv):
     """Width of ``"sensor_observation"``."""
     SENSOR_FIELDS: ClassVar[dict[str, SensorField]] = SENSOR_FIELDS
     """The sensor observation's fields (indices, units) by name."""
+    MIRRORS: ClassVar[dict[str, SignedPermutation]] = MIRRORS
+    """The left-right reflection of ``"observation"``, ``"sensor_observation"`` and ``"action"``
+    (see :mod:`~waddle.envs.microduck.symmetry`; PPO's mirror loss reads it)."""
     SKIP_QPOS: ClassVar[int] = 0
     COMMAND_THRESHOLD: ClassVar[float] = presets.COMMAND_THRESHOLD
     """Planar command speed under which a task counts as standing."""
