@@ -18,6 +18,7 @@ from waddle.algorithms.ppo import (
     adapt_learning_rate,
     finished_episodes,
     gaussian_kl,
+    mirror_loss,
     reward_term_means,
 )
 
@@ -236,11 +237,68 @@ def test_deterministic_policy_is_the_clamped_mean():
         ("gamma", 1.5, "gamma must be in"),
         ("clip_epsilon", 0.0, "clip_epsilon must be > 0"),
         ("init_log_std", 2.0, r"init_log_std must be in \[-5.0, 1.0\]"),
+        ("mirror_loss_coef", -1.0, "mirror_loss_coef must be a finite number >= 0"),
+        ("mirror_loss_coef", math.inf, "mirror_loss_coef must be a finite number >= 0"),
     ],
 )
 def test_config_validation(field, value, message):
     with pytest.raises(ValueError, match=message):
         PPOConfig(**{field: value})
+
+
+# ---------------------------------------------------------------------------
+# Mirror loss
+# ---------------------------------------------------------------------------
+
+
+def test_mirror_loss_on_a_hand_worked_linear_policy():
+    from waddle.envs.microduck.symmetry import SignedPermutation
+    from waddle.modules.networks import GaussianPolicy
+    from waddle.modules.normalizer import RunningNormalizer
+
+    policy = GaussianPolicy(RunningNormalizer(2), 2, ())  # mean = W o + b (the normaliser starts as identity)
+    with torch.no_grad():
+        policy.net[-1].weight.copy_(torch.tensor([[1.0, 2.0], [3.0, 4.0]]))
+        policy.net[-1].bias.copy_(torch.tensor([0.5, -0.5]))
+    swap = SignedPermutation.from_lists([1, 0], [1.0, 1.0])  # the observation's entries trade places
+    flip = SignedPermutation.from_lists([0, 1], [1.0, -1.0])  # the second action entry changes sign
+    observation = torch.tensor([[1.0, 0.0], [0.0, 0.0]])
+    # o1 = (1, 0): mu(o1) = (1.5, 2.5), mu(swap o1) = (2.5, 3.5), flip mu(o1) = (1.5, -2.5): |(1, 6)|^2 = 37.
+    # o2 = (0, 0): mu = (0.5, -0.5) both ways, flipped (0.5, 0.5): |(0, -1)|^2 = 1. Mean 19.
+    loss = mirror_loss(policy, observation, None, swap, flip)
+    assert float(loss.detach()) == pytest.approx(19.0)
+    loss.backward()
+    # Only the reflected answer moves: d/db = mean of 2 (mu(swap o) - target) = ((2 + 0) / 2, (12 - 2) / 2).
+    torch.testing.assert_close(policy.net[-1].bias.grad, torch.tensor([1.0, 5.0]))
+
+
+def test_mirror_loss_pulls_a_microduck_actor_toward_equivariance():
+    from waddle.envs.microduck import MicroDuckEnv
+
+    def trained(coef):
+        torch.manual_seed(0)
+        env = MicroDuckEnv(tasks=[MicroDuckEnv.speed_range_task(0.1, 0.3)], num_envs=8, seed=0)
+        trainer = PPO(env, PPOConfig(num_steps=16, num_epochs=4, num_minibatches=2, mirror_loss_coef=coef))
+        metrics = [trainer.train_iteration() for _ in range(3)]
+        observation = env.reset()["observation"]
+        env.close()
+        mirrors = MicroDuckEnv.MIRRORS["observation"], MicroDuckEnv.MIRRORS["action"]
+        with torch.no_grad():
+            return float(mirror_loss(trainer.policy, observation, None, *mirrors)), metrics
+
+    free, free_metrics = trained(0.0)
+    pulled, pulled_metrics = trained(10.0)
+    assert "losses/mirror_loss" not in free_metrics[-1]
+    assert pulled_metrics[-1]["losses/mirror_loss"] > 0.0
+    assert pulled < 0.5 * free  # measured: 0.27 of it
+
+
+def test_mirror_loss_needs_an_env_that_declares_its_mirror():
+    env = DiffPointEnv(4, action_bound=1.0)
+    with pytest.raises(
+        ValueError, match=r"mirror_loss_coef > 0 needs the env's left-right reflection of \['observation', 'action'\]"
+    ):
+        PPO(env, PPOConfig(mirror_loss_coef=1.0, **TINY))
 
 
 # ---------------------------------------------------------------------------

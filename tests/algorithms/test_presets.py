@@ -47,6 +47,7 @@ def test_an_old_ppo_config_loads_with_its_std_as_a_log_std():
     assert config.init_log_std == pytest.approx(math.log(0.5))
     trainer = PPO(DiffPointEnv(2, action_bound=1.0), config)
     assert trainer.policy.log_std.exp().tolist() == pytest.approx([0.5])  # std 0.5, as the old config asked
+    assert config.mirror_loss_coef == 0.0 and trainer.mirrors is None  # trained before the mirror loss existed
 
 
 def test_old_shac_names_map_to_the_shared_ones():

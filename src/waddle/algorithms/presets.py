@@ -217,9 +217,11 @@ ADDED_FIELDS: dict[str, Any] = {"task_embedding_dim": 0}
 """Config fields added since checkpoints were first written -> the value that reproduces what
 a checkpoint without the field was trained with (no field: no task conditioning)."""
 
-ADDED_ALGORITHM_FIELDS: dict[str, dict[str, Any]] = {"ppo": {"actor_observation": "full", "overlap_rollout": False}}
+ADDED_ALGORITHM_FIELDS: dict[str, dict[str, Any]] = {
+    "ppo": {"actor_observation": "full", "overlap_rollout": False, "mirror_loss_coef": 0.0}
+}
 """As :data:`ADDED_FIELDS`, per ``--algo`` for the fields only that algorithm has (no
-``actor_observation``: the actor read the full observation)."""
+``actor_observation``: the actor read the full observation; no ``mirror_loss_coef``: no mirror loss)."""
 
 ADDED_RUN_FIELDS: dict[str, Any] = {
     "randomization": "none",
