@@ -593,8 +593,7 @@ class PPO:
             # keeps measuring the KL from the acting policy: from the start of the update, it let the
             # steps grow until the lagged data stopped teaching (a point-mass task stalled).
             with torch.no_grad():
-                task_id = b_data[TASK_ID_KEY] if self.policy.reads_task_id else None
-                loc, scale = self.policy(b_data[self.actor_key], task_id)
+                loc, scale = self.policy(b_data[self.actor_key], self._task_id(b_data))
                 proximal = IndependentNormal(loc, scale).log_prob(b_data["action"])
                 weight = (proximal - b_data["action_log_prob"]).exp().clamp(max=OFF_POLICY_WEIGHT_MAX)
                 b_data["advantage"] = b_data["advantage"] * weight.unsqueeze(-1)
@@ -621,8 +620,7 @@ class PPO:
                 losses = self.loss_module(mb_data)
                 loss = sum(value for key, value in losses.items() if key.startswith("loss_"))
                 if self.mirrors is not None:
-                    task_id = mb_data[TASK_ID_KEY] if self.policy.reads_task_id else None
-                    mirrored = mirror_loss(self.policy, mb_data[self.actor_key], task_id, *self.mirrors)
+                    mirrored = mirror_loss(self.policy, mb_data[self.actor_key], self._task_id(mb_data), *self.mirrors)
                     sums["losses/mirror_loss"] += float(mirrored.detach())
                     loss = loss + config.mirror_loss_coef * mirrored
                 if not torch.isfinite(loss):
@@ -643,8 +641,7 @@ class PPO:
 
                 if config.lr_schedule == "adaptive":
                     with torch.no_grad():
-                        task_id = mb_data[TASK_ID_KEY] if self.policy.reads_task_id else None
-                        new_loc, new_scale = self.policy(mb_data[self.actor_key], task_id)
+                        new_loc, new_scale = self.policy(mb_data[self.actor_key], self._task_id(mb_data))
                         kl = gaussian_kl(mb_data["loc"], mb_data["scale"], new_loc, new_scale)
                     sums["charts/kl"] += float(kl)
                     self._set_learning_rate(adapt_learning_rate(self.learning_rate, float(kl), config.desired_kl))
@@ -654,6 +651,10 @@ class PPO:
                 sums["charts/grad_norm"] += float(grad_norm)
                 num_updates += 1
         return {name: total / num_updates for name, total in sums.items()}
+
+    def _task_id(self, data: TensorDictBase) -> torch.Tensor | None:
+        """The task ids of ``data`` for a task-conditioned policy, ``None`` for one that does not read them."""
+        return data[TASK_ID_KEY] if self.policy.reads_task_id else None
 
     def _parameters(self) -> list[torch.nn.Parameter]:
         return [p for group in self.optimizer.param_groups for p in group["params"]]
