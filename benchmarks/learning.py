@@ -56,7 +56,7 @@ import torch
 from waddle.algorithms.checkpoint import save_checkpoint
 from waddle.algorithms.evaluation import EvaluationResult, evaluate, task_commands
 from waddle.algorithms.ppo import PPO, PPOConfig
-from waddle.algorithms.presets import TASK_TOTAL_STEPS, make_env
+from waddle.algorithms.presets import TASK_TOTAL_STEPS, make_config, make_env, task_algorithm_defaults
 from waddle.algorithms.runner import TrainConfig
 
 UPDATE_THREADS = len(os.sched_getaffinity(0))
@@ -147,11 +147,16 @@ def train_until(
     return outcome, trainer
 
 
+def train_config(task: str, args: argparse.Namespace) -> PPOConfig:
+    """``waddle train``'s PPO config for a new run of ``task`` (its task defaults included)."""
+    return make_config("ppo", {**task_algorithm_defaults(task, "ppo"), "overlap_rollout": args.overlap_rollout})
+
+
 def ppo_part(part: str, task: str, args: argparse.Namespace, holds) -> tuple[Outcome, PPO]:
     torch.manual_seed(args.seed)
     env = make_env(task, num_envs=args.num_envs, seed=args.seed)
     eval_env = make_env(task, num_envs=args.eval_envs, seed=args.seed + 1000)
-    trainer = PPO(env, PPOConfig(overlap_rollout=args.overlap_rollout), update_threads=UPDATE_THREADS)
+    trainer = PPO(env, train_config(task, args), update_threads=UPDATE_THREADS)
 
     def may_hold(metrics: dict) -> bool:
         length = metrics["charts/episode_length"]
@@ -224,7 +229,7 @@ def walk_part(part: str, seed: int, args: argparse.Namespace) -> list[CommandOut
     """Train ``--task part`` with ``waddle train``'s defaults; time each command's first hold, then evaluate."""
     torch.manual_seed(seed)
     env = make_env(part, num_envs=args.num_envs, seed=seed)
-    trainer = PPO(env, PPOConfig(overlap_rollout=args.overlap_rollout), update_threads=UPDATE_THREADS)
+    trainer = PPO(env, train_config(part, args), update_threads=UPDATE_THREADS)
     commands = [command for command, _ in task_commands(env.tasks)]
     tolerance = COMMAND_TOLERANCE[part]
     budget = args.walk_steps or TASK_TOTAL_STEPS.get(part, TrainConfig().total_steps)
@@ -337,7 +342,6 @@ def jump_part(args: argparse.Namespace) -> JumpOutcome:
     from waddle.algorithms.checkpoint import load_checkpoint
     from waddle.algorithms.evaluation import evaluate_tasks
     from waddle.algorithms.init_from import inherited_fields, load_weights
-    from waddle.algorithms.presets import make_config
 
     seed = args.seeds[0]
     path = args.walk_checkpoint

@@ -333,6 +333,35 @@ def test_the_step_budget_left_out_follows_the_task(argv, steps, tmp_path):
     assert config["run"]["total_steps"] == steps
 
 
+@pytest.mark.parametrize(
+    ("argv", "coef"),
+    [
+        (["--task", "walk"], 0.3),  # the walking tasks train with the mirror loss
+        (["--task", "speed-range"], 0.3),
+        (["--task", "standing"], 0.0),
+        (["--task", "sidestep"], 0.0),
+        (["--task", "walk", "--mirror-loss-coef", "0"], 0.0),  # a given flag wins
+        (["--task", "standing", "--mirror-loss-coef", "0.5"], 0.5),
+    ],
+)
+def test_the_mirror_loss_left_out_follows_the_task(argv, coef, tmp_path):
+    from waddle.cli.main import build_parser
+    from waddle.cli.train import resolve_config
+
+    args = build_parser().parse_args(["train", "--out", str(tmp_path / "run"), *argv])
+    config, _ = resolve_config(args)
+    assert config["algorithm"]["mirror_loss_coef"] == coef
+
+
+def test_a_task_default_of_another_algorithm_is_not_applied(tmp_path):
+    from waddle.cli.main import build_parser
+    from waddle.cli.train import resolve_config
+
+    args = build_parser().parse_args(["train", "--out", str(tmp_path / "run"), "--task", "walk", "--algo", "shac"])
+    config, _ = resolve_config(args)
+    assert "mirror_loss_coef" not in config["algorithm"]  # SHAC has no mirror loss, and is not handed one
+
+
 # ---------------------------------------------------------------------------
 # A library of several tasks: per-task evaluation, export with the task id
 # ---------------------------------------------------------------------------

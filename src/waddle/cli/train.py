@@ -37,6 +37,7 @@ from waddle.algorithms.presets import (
     ALGORITHMS,
     BACKENDS,
     RANDOMIZATIONS,
+    TASK_ALGORITHM_DEFAULTS,
     TASK_TOTAL_STEPS,
     TASKS,
     CollectorEnv,
@@ -44,6 +45,7 @@ from waddle.algorithms.presets import (
     make_config,
     make_env,
     make_trainer,
+    task_algorithm_defaults,
     upgrade_config_fields,
     upgrade_run_fields,
 )
@@ -180,6 +182,10 @@ def add_config_arguments(
             shown = " ".join(map(str, default)) if isinstance(default, tuple) else default
             shown = f"{label}: {shown}" if len(configs) > 1 else str(shown)
             helps.setdefault(field.name, [docs.get(field.name, "")]).append(shown)
+            for task, value in _task_defaults(label, field.name).items():
+                helps[field.name].append(
+                    f"{label} on --task {task}: {value}" if len(configs) > 1 else f"--task {task}: {value}"
+                )
     group = parser.add_argument_group(title)
     for name, _labels in owners.items():
         doc, *defaults = helps[name]
@@ -190,6 +196,13 @@ def add_config_arguments(
         help_text = f"{doc} (default {'; '.join(defaults)})".replace("%", "%%")
         group.add_argument(_flag(name), dest=name, default=None, help=help_text, **kwargs)
     return owners
+
+
+def _task_defaults(algo: str, field: str) -> dict[str, Any]:
+    """Task -> its own default of ``algo``'s config ``field``, for the tasks that set one."""
+    return {
+        task: fields[algo][field] for task, fields in TASK_ALGORITHM_DEFAULTS.items() if field in fields.get(algo, {})
+    }
 
 
 def _algorithm_configs() -> dict[str, type]:
@@ -296,7 +309,9 @@ def resolve_config(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, 
         if source is not None:
             run_flags.setdefault("algo", source["algo"])
         run = TrainConfig(**run_flags)
-        base = inherited_fields(source) if source is not None and source["algo"] == run.algo else {}
+        base = task_algorithm_defaults(run.task, run.algo)
+        if source is not None and source["algo"] == run.algo:
+            base.update(inherited_fields(source))
     fields = {field.name for field in dataclasses.fields(ALGORITHMS[run.algo].classes()[1])}
     foreign = sorted(set(algorithm_flags) - fields)
     if foreign:
