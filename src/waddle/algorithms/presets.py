@@ -57,10 +57,10 @@ TASKS: dict[str, Callable[[], list[MicroDuckTask]]] = {
 TASK_TOTAL_STEPS: dict[str, int] = {"walk": 6_000_000, "speed-range": 6_000_000, "sidestep": 6_000_000}
 """``--total-steps`` of a new run of these tasks when the flag is left out (others: ``TrainConfig``'s).
 
-Walking takes longer than standing: on ``walk``, PPO held 0.2 m/s within 0.05 (forward, and
-sideways within 0.05 of zero) after 1.15M env steps with seed 0, 2.13M with seed 1 and 1.80M with
-seed 2 (``benchmarks/learning.py --parts walk``); at 6M they walked 0.208, 0.195 and 0.191 m/s
-with 0.002-0.003 m/s of sideways speed. 6M took 15-17 minutes on 2 cores."""
+Walking takes longer than standing: on ``walk`` (mirror loss 0.3), PPO held 0.2 m/s within 0.05
+(forward, and sideways within 0.05 of zero) after 1.31M env steps with each of seeds 0, 1 and 2
+(``benchmarks/learning.py --parts walk --seeds 0 1 2``); at 6M they walked 0.218, 0.213 and
+0.203 m/s with at most 0.001 m/s of sideways speed. 6M took about 21 minutes on 2 cores."""
 
 TASK_ALGORITHM_DEFAULTS: dict[str, dict[str, dict[str, Any]]] = {
     "walk": {"ppo": {"mirror_loss_coef": 0.3}},
