@@ -51,15 +51,20 @@ import torch
 from throughput import randomization_rates
 
 from waddle.algorithms.checkpoint import load_checkpoint
-from waddle.algorithms.evaluation import EvaluationResult, evaluate, policy_from_checkpoint
+from waddle.algorithms.evaluation import (
+    EvaluationResult,
+    evaluate,
+    policy_from_checkpoint,
+    trained_sensor_history,
+)
 from waddle.algorithms.presets import TASK_TOTAL_STEPS, WALK_SPEED, make_env
 from waddle.cli.main import main as waddle
 from waddle.deploy.contract import read_sidecar
 from waddle.deploy.sim2sim import OnnxPolicy, Sim2Sim, run_episodes
 
 POLICIES = {
-    "a": {"randomization": "none", "actor_observation": "full"},
-    "b": {"randomization": "upstream", "actor_observation": "sensors"},
+    "a": {"randomization": "none", "actor_observation": "full", "sensor_history": 1},
+    "b": {"randomization": "upstream", "actor_observation": "sensors", "sensor_history": 1},
 }
 """Policy label -> its ``waddle train`` settings."""
 SURVIVAL_TARGET = 0.95
@@ -95,6 +100,7 @@ def train(label: str, out: Path, steps: int, seed: int) -> float:
     settings = POLICIES[label]
     argv = ["train", "--task", "walk", "--total-steps", str(steps), "--out", str(out), "--seed", str(seed)]
     argv += ["--randomization", settings["randomization"], "--actor-observation", settings["actor_observation"]]
+    argv += ["--sensor-history", str(settings["sensor_history"])]
     argv += ["--video-frames", "0", "--no-progress"]
     print(f"training ({label}): waddle {' '.join(argv)}", flush=True)
     start = time.perf_counter()
@@ -112,7 +118,14 @@ def recorded_minutes(run: Path) -> float:
 def evaluate_run(run: Path, randomization: str, episodes: int, max_steps: int, seed: int) -> EvaluationResult:
     """``waddle eval``'s figures for the run's policy at the walking command, under ``randomization``."""
     checkpoint = load_checkpoint(run / "checkpoint.pt")
-    env = make_env("walk", num_envs=episodes, seed=seed, randomization=randomization, max_episode_steps=max_steps)
+    env = make_env(
+        "walk",
+        num_envs=episodes,
+        seed=seed,
+        randomization=randomization,
+        max_episode_steps=max_steps,
+        sensor_history=trained_sensor_history(checkpoint),
+    )
     try:
         policy = policy_from_checkpoint(checkpoint, env)
         return evaluate(env, policy, command=(WALK_SPEED, 0.0), task_id=0, max_steps=max_steps)

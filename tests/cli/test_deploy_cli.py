@@ -174,3 +174,66 @@ def test_init_from_a_sensors_run_keeps_its_actor_observation_and_refuses_another
     argv = ["train", "--task", "walk", "--init-from", str(sensors_run), "--out", str(tmp_path / "c")]
     assert main([*argv, "--total-steps", "256", *TINY[:4], "--video-frames", "0"]) == 1
     assert "train with the source's --randomization" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------
+# A stack of sensor frames (--sensor-history)
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def history_run(tmp_path_factory):
+    """512 PPO steps on walk, the actor on three frames of the sensors, under the upstream randomization."""
+    out = tmp_path_factory.mktemp("history")
+    argv = ["train", "--task", "walk", "--randomization", "upstream", "--actor-observation", "sensors"]
+    assert main([*argv, "--sensor-history", "3", "--total-steps", "512", "--out", str(out), *TINY]) == 0
+    return out
+
+
+def test_a_history_run_trains_evaluates_exports_and_runs_in_sim2sim_on_three_frames(history_run, tmp_path, capsys):
+    import onnx
+
+    checkpoint = torch.load(history_run / "checkpoint.pt", weights_only=True)
+    assert checkpoint["config"]["run"]["sensor_history"] == 3
+    assert checkpoint["trainer"]["policy"]["net.0.weight"].shape[1] == 3 * 53
+    assert main(["eval", str(history_run), "--episodes", "2", "--max-steps", "20"]) == 0
+    assert "policy reads sensor_observation" in capsys.readouterr().out
+    onnx_path = tmp_path / "walk3.onnx"
+    assert main(["export", str(history_run), "--onnx", str(onnx_path), "--samples", "16"]) == 0
+    graph = onnx.load(str(onnx_path)).graph
+    assert [d.dim_value for d in graph.input[0].type.tensor_type.shape.dim] == [1, 159]
+    sidecar = json.loads(onnx_path.with_suffix(".json").read_text())
+    assert (sidecar["observation"]["size"], sidecar["observation"]["history"]) == (53, 3)
+    assert sidecar["training"]["sensor_history"] == 3
+    capsys.readouterr()
+    assert main(["sim2sim", str(onnx_path), "--episodes", "2", "--max-steps", "20"]) == 0
+    assert "2 episodes of at most 20 steps" in capsys.readouterr().out
+
+
+def test_a_history_checkpoint_on_an_env_of_another_history_is_refused(history_run):
+    from waddle.algorithms.checkpoint import CheckpointError, load_checkpoint
+    from waddle.algorithms.evaluation import policy_from_checkpoint
+    from waddle.algorithms.presets import make_env
+
+    env = make_env("walk", num_envs=2, seed=0, randomization="upstream")
+    with pytest.raises(CheckpointError, match=r"reads 3 frame\(s\) .* the env stacks 1: .*sensor_history=3"):
+        policy_from_checkpoint(load_checkpoint(history_run / "checkpoint.pt"), env)
+    env.close()
+
+
+def test_a_history_for_an_actor_that_does_not_read_the_sensors_is_refused(tmp_path):
+    from waddle.cli.main import build_parser
+    from waddle.cli.train import resolve_config
+
+    args = build_parser().parse_args(["train", "--out", str(tmp_path / "run"), "--sensor-history", "3"])
+    with pytest.raises(ValueError, match="--sensor-history 3 .* add --actor-observation sensors"):
+        resolve_config(args)
+
+
+def test_a_run_started_from_a_history_checkpoint_keeps_its_frames(history_run, tmp_path):
+    from waddle.cli.main import build_parser
+    from waddle.cli.train import resolve_config
+
+    argv = ["train", "--out", str(tmp_path / "run"), "--task", "walk", "--init-from", str(history_run)]
+    config, _ = resolve_config(build_parser().parse_args(argv))
+    assert config["run"]["sensor_history"] == 3

@@ -23,7 +23,7 @@ from waddle.envs.microduck import MicroDuckEnv, MicroDuckRandomization
 SRC = Path(__file__).resolve().parents[2] / "src"
 
 
-def walk_env(delay: int = 0, dtype: torch.dtype = torch.float64) -> MicroDuckEnv:
+def walk_env(delay: int = 0, dtype: torch.dtype = torch.float64, history: int = 1) -> MicroDuckEnv:
     # Noise and random delays off; only the robot's fixed one-step-late joint velocity, when asked.
     return MicroDuckEnv(
         tasks=[MicroDuckEnv.tracking_task(0.2)],
@@ -31,6 +31,7 @@ def walk_env(delay: int = 0, dtype: torch.dtype = torch.float64) -> MicroDuckEnv
         seed=3,
         dtype=dtype,
         randomization=MicroDuckRandomization(joint_velocity_delay=delay),
+        sensor_history=history,
     )
 
 
@@ -95,26 +96,36 @@ def test_the_runner_imports_and_runs_with_torch_and_waddle_envs_blocked(deployed
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("delay", [0, 1], ids=["no-delay", "velocity-one-step-late"])
-def test_runner_and_env_give_the_same_sensor_observation_from_the_same_state(delay):
-    env = walk_env(delay)
-    runner = Sim2Sim(parse_sidecar(sensors_sidecar(env)))
+@pytest.mark.parametrize(
+    "delay, history", [(0, 1), (1, 1), (1, 3)], ids=["no-delay", "velocity-one-step-late", "three-frames"]
+)
+def test_runner_and_env_give_the_same_sensor_observation_from_the_same_state(delay, history):
+    env = walk_env(delay, history=history)
+    sidecar = parse_sidecar(sensors_sidecar(env))
+    assert (sidecar.history, sidecar.input_size) == (history, 53 * history)
+    runner = Sim2Sim(sidecar)
     td = env.reset()
     observation = runner.reset(
         td["command"][0].numpy(), qpos=env.physics.qpos[0].numpy(), qvel=env.physics.qvel[0].numpy()
     )
     np.testing.assert_allclose(observation, td["sensor_observation"][0].numpy(), rtol=0, atol=1e-9)
+    # At a reset every frame is the first reading.
+    np.testing.assert_array_equal(observation, np.tile(observation[:53], history))
     rng = np.random.default_rng(0)
     previous_velocity = runner.robot.data.qvel[6:].copy()
+    frames = [observation[:53]] * history
     steps = 0
     for _ in range(30):
         action = rng.uniform(-1.3, 1.3, 14)  # past the bounds too: both clip
         td = env.step(td.set("action", torch.from_numpy(action)[None]))
         observation = runner.step(action)
         np.testing.assert_allclose(observation, td["next", "sensor_observation"][0].numpy(), rtol=0, atol=1e-9)
-        # Independently of the env: the velocity fed is MuJoCo's of `delay` steps ago.
+        # Independently of the env: the velocity fed is MuJoCo's of `delay` steps ago, and frame k is
+        # what the first frame read k steps ago.
         velocity = runner.robot.data.qvel[6:].copy()
         np.testing.assert_allclose(observation[22:36], previous_velocity if delay else velocity, rtol=0, atol=1e-12)
+        frames = [observation[:53]] + frames[:-1]
+        np.testing.assert_array_equal(observation, np.concatenate(frames))
         previous_velocity = velocity
         steps += 1
         if td["next", "done"].any():
@@ -219,6 +230,14 @@ def test_an_onnx_of_another_width_is_refused_naming_both_widths(deployed, tmp_pa
     assert "width 56" in message and "53 values" in message and "full.onnx" in message
 
 
+def test_an_onnx_of_one_frame_against_a_sidecar_of_three_is_refused_naming_the_frames(deployed, tmp_path):
+    three = edited(deployed, tmp_path, lambda d: d["observation"].update(history=3))
+    with pytest.raises(SidecarError) as info:
+        OnnxPolicy(deployed / "policy.onnx", read_sidecar(three))
+    message = str(info.value)
+    assert "width 53" in message and "3 frames of 53 = 159 values" in message
+
+
 def test_an_onnx_writing_another_number_of_actions_is_refused(deployed, tmp_path):
     write_policy(tmp_path / "twelve.onnx", 53, action_dim=12)
     with pytest.raises(SidecarError, match="writes 12 actions, but sidecar .* names 14 joints"):
@@ -243,8 +262,9 @@ def edited(deployed, tmp_path, edit) -> Path:
         (lambda d: d["observation"]["fields"][1].pop("unit"), r"observation.fields\[1\] lacks \['unit'\]"),
         (lambda d: d.update(format="something"), "is not a waddle policy sidecar"),
         (lambda d: d["stand"].update(joint_positions=[0.0] * 3), "stand.joint_positions must be 14 finite numbers"),
+        (lambda d: d["observation"].update(history=0), "observation.history must be an integer >= 1, got 0"),
     ],
-    ids=["no-gait", "no-stand-ctrl", "negative-scale", "field-missing", "no-unit", "format", "short-pose"],
+    ids=["no-gait", "no-stand-ctrl", "negative-scale", "field-missing", "no-unit", "format", "short-pose", "history"],
 )
 def test_a_sidecar_with_a_missing_or_bad_field_is_refused_by_name(deployed, tmp_path, edit, message):
     with pytest.raises(SidecarError, match=message):

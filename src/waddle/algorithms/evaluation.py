@@ -53,6 +53,12 @@ def trained_randomization(checkpoint: Mapping[str, Any]) -> str:
     return str(upgrade_run_fields(run)["randomization"]) if isinstance(run, Mapping) else "none"
 
 
+def trained_sensor_history(checkpoint: Mapping[str, Any]) -> int:
+    """Frames of sensor readings the checkpoint's env stacked in ``"sensor_observation"`` (1 for older ones)."""
+    run = checkpoint.get("config", {}).get("run")
+    return int(upgrade_run_fields(run)["sensor_history"]) if isinstance(run, Mapping) else 1
+
+
 def policy_from_checkpoint(
     checkpoint: Mapping[str, Any],
     env: EnvBase,
@@ -77,8 +83,9 @@ def policy_from_checkpoint(
 
     Raises:
         CheckpointError: the checkpoint's config or state does not rebuild its trainer, it
-            was trained on another task library than ``env``'s, or its actor reads another
-            observation than ``actor_observation``.
+            was trained on another task library than ``env``'s, its actor reads another
+            observation than ``actor_observation``, or ``env`` stacks another number of
+            sensor frames than the training env did.
     """
     algo = checkpoint["algo"]
     if actor_observation is not None:
@@ -86,13 +93,19 @@ def policy_from_checkpoint(
             check_actor_observation(trained_actor_observation(checkpoint), actor_observation)
         except ActorObservationError as err:
             raise CheckpointError(str(err)) from None
+    history = trained_sensor_history(checkpoint)
+    if trained_actor_observation(checkpoint) == "sensors" and getattr(env, "sensor_history", history) != history:
+        raise CheckpointError(
+            f"the checkpoint's actor reads {history} frame(s) of sensor readings and the env stacks "
+            f"{env.sensor_history}: build the env with sensor_history={history}."
+        )
     run = checkpoint.get("config", {}).get("run")
     built_on, spare = env, None
     randomization = getattr(env, "randomization", None)
     if isinstance(run, Mapping) and "task" in run and randomization is not None:
         trained = trained_randomization(checkpoint)
         if randomization != resolve_randomization(trained):
-            built_on = spare = make_env(run["task"], num_envs=1, seed=0, randomization=trained)
+            built_on = spare = make_env(run["task"], num_envs=1, seed=0, randomization=trained, sensor_history=history)
     try:
         config = make_config(algo, upgrade_config_fields(algo, checkpoint["config"]["algorithm"]))
         trainer = make_trainer(algo, built_on, config, device)

@@ -241,6 +241,7 @@ ADDED_ALGORITHM_FIELDS: dict[str, dict[str, Any]] = {
 
 ADDED_RUN_FIELDS: dict[str, Any] = {
     "randomization": "none",
+    "sensor_history": 1,
     "collectors": 1,
     "collector_backend": "process",
     "ray_address": "",
@@ -289,8 +290,9 @@ def upgrade_run_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
     (:data:`ADDED_RUN_FIELDS`), so that older checkpoints resume and evaluate as trained.
 
     Example:
-        >>> upgrade_run_fields({"task": "walk"})
-        {'task': 'walk', 'randomization': 'none'}
+        >>> fields = upgrade_run_fields({"task": "walk"})
+        >>> fields["randomization"], fields["sensor_history"]
+        ('none', 1)
     """
     upgraded = dict(fields)
     for name, value in ADDED_RUN_FIELDS.items():

@@ -74,6 +74,9 @@ class TrainConfig:
     randomization: str = "none"
     """Domain randomization, latency and sensor noise of the training env: 'none' (the idealized robot) or
     'upstream' (the microduck_rl training's ranges; see docs/microduck.md)."""
+    sensor_history: int = 1
+    """Frames of the robot's readings, newest first, in the sensor observation a '--actor-observation sensors'
+    actor reads (1: the latest only); a robot runtime keeps the same number (the export's sidecar says it)."""
     num_envs: int = 256
     """Envs simulated in parallel."""
     total_steps: int = 1_500_000
@@ -108,7 +111,7 @@ class TrainConfig:
     """HOST:PORT of a running Ray cluster's head (implies collector_backend 'ray'); empty: start a local one."""
 
     def __post_init__(self) -> None:
-        for name in ("num_envs", "total_steps", "checkpoint_every"):
+        for name in ("num_envs", "total_steps", "checkpoint_every", "sensor_history"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")

@@ -149,7 +149,12 @@ def random_observations(policy: torch.nn.Module, observation_dim: int, samples: 
 
 
 def run(args: argparse.Namespace) -> int:
-    from waddle.algorithms.evaluation import observation_key, policy_from_checkpoint, trained_randomization
+    from waddle.algorithms.evaluation import (
+        observation_key,
+        policy_from_checkpoint,
+        trained_randomization,
+        trained_sensor_history,
+    )
     from waddle.algorithms.presets import make_env
     from waddle.deploy.contract import default_sidecar_path
     from waddle.deploy.sidecar import build_sidecar, write_sidecar
@@ -160,7 +165,14 @@ def run(args: argparse.Namespace) -> int:
         run_config = checkpoint["config"]["run"]
         randomization = trained_randomization(checkpoint)
         # The training env's layout, randomization and latency are what the sidecar describes.
-        env = make_env(run_config["task"], num_envs=1, seed=0, backend="mujoco", randomization=randomization)
+        env = make_env(
+            run_config["task"],
+            num_envs=1,
+            seed=0,
+            backend="mujoco",
+            randomization=randomization,
+            sensor_history=trained_sensor_history(checkpoint),
+        )
         try:
             policy = policy_from_checkpoint(checkpoint, env, actor_observation=args.actor_observation)
         except BaseException:
@@ -189,6 +201,7 @@ def run(args: argparse.Namespace) -> int:
             "task": run_config["task"],
             "randomization": randomization,
             "actor_observation": "sensors" if key == "sensor_observation" else "full",
+            "sensor_history": trained_sensor_history(checkpoint),
             "env_steps": int(checkpoint["env_steps"]),
         },
         onnx_file=Path(args.onnx).name,

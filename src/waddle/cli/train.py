@@ -308,6 +308,10 @@ def resolve_config(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, 
             run_flags["total_steps"] = TASK_TOTAL_STEPS[task]
         if source is not None:
             run_flags.setdefault("algo", source["algo"])
+            # The actor's input width follows the source's stack of sensor frames.
+            run_flags.setdefault(
+                "sensor_history", upgrade_run_fields(source["config"].get("run") or {})["sensor_history"]
+            )
         run = TrainConfig(**run_flags)
         base = task_algorithm_defaults(run.task, run.algo)
         if source is not None and source["algo"] == run.algo:
@@ -317,6 +321,11 @@ def resolve_config(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, 
     if foreign:
         raise ValueError(f"{', '.join(map(_flag, foreign))} do(es) not apply to --algo {run.algo}.")
     algorithm = make_config(run.algo, {**base, **algorithm_flags})
+    if run.sensor_history > 1 and getattr(algorithm, "actor_observation", "full") != "sensors":
+        raise ValueError(
+            f"--sensor-history {run.sensor_history} stacks the frames of the sensor observation, which only an "
+            "actor reading it sees: add --actor-observation sensors (PPO), or leave --sensor-history at 1."
+        )
     config = {"run": asdict(run), "algorithm": _jsonable(asdict(algorithm))}
     if checkpoint is not None:
         if "init_from" in checkpoint["config"]:
@@ -376,6 +385,7 @@ def run(args: argparse.Namespace) -> int:
         # PPO logs each weighted reward term (reward/<term>) from the env's diagnostics.
         diagnostics=not algorithm.differentiable,
         randomization=run_config.randomization,
+        sensor_history=run_config.sensor_history,
     )
     env_factories, ray_init = None, None
     try:
@@ -536,6 +546,7 @@ def _film(trainer: Trainer, run_config: TrainConfig, path: Path, device: str) ->
         backend=run_config.backend,
         device=device,
         randomization=run_config.randomization,
+        sensor_history=run_config.sensor_history,
     )
     try:
         film(env, trainer.deterministic_policy(), path, frames=run_config.video_frames)

@@ -134,6 +134,7 @@ class Sidecar:
     observation_key: str
     """Which waddle observation the layout is (``"sensor_observation"`` or ``"observation"``)."""
     observation_size: int
+    """Values of one frame of the layout."""
     fields: tuple[ObservationField, ...]
     imu_site: str
     """The MJCF site of the IMU the gravity and gyro are read at."""
@@ -150,10 +151,17 @@ class Sidecar:
     inputs: tuple[str, ...]
     """The ONNX graph's input names, in order."""
     raw: Mapping[str, Any]
+    history: int = 1
+    """Frames of the layout the policy reads, newest first (``observation.history``; 1 when absent)."""
 
     @property
     def num_joints(self) -> int:
         return len(self.joint_names)
+
+    @property
+    def input_size(self) -> int:
+        """Width of the policy's observation input: ``history`` frames of ``observation_size`` values."""
+        return self.observation_size * self.history
 
     def field(self, name: str) -> ObservationField | None:
         return next((field for field in self.fields if field.name == name), None)
@@ -257,6 +265,10 @@ def parse_sidecar(data: Any, *, source: str = "<sidecar>") -> Sidecar:
                 f"sidecar {source}: observation field {field!r} has {found.size} values for {num_joints} joints."
             )
 
+    history = data["observation"].get("history", 1)
+    if isinstance(history, bool) or not isinstance(history, int) or history < 1:
+        raise SidecarError(f"sidecar {source}: observation.history must be an integer >= 1, got {history!r}.")
+
     tasks = data["tasks"]
     if not isinstance(tasks, list) or not tasks:
         raise SidecarError(f"sidecar {source}: tasks must be a non-empty list of task rows.")
@@ -291,6 +303,7 @@ def parse_sidecar(data: Any, *, source: str = "<sidecar>") -> Sidecar:
         min_upright=number("termination", "min_upright"),
         inputs=tuple(str(name) for name in inputs),
         raw=data,
+        history=history,
     )
 
 

@@ -33,6 +33,12 @@ PRIOR = (
     "+ task.gait_prior_stride_per_mps vx cos(phase) ramp gait.stride"
 )
 
+FRAMES = (
+    "the policy input is `history` frames of `size` values laid end to end, newest first: values "
+    "k size .. (k + 1) size - 1 are the frame read k control steps ago; at the first step of an episode "
+    "every frame is the first reading"
+)
+
 
 def _actuated_joints(model: mujoco.MjModel) -> list[str]:
     """The joint each actuator drives, in actuator order."""
@@ -82,6 +88,7 @@ def build_sidecar(
     names = [tasks.name] if isinstance(tasks.name, str) else list(tasks.name)
     randomization = env.randomization
     standing_height = float(stand.qpos[2])
+    history = int(getattr(env, "sensor_history", 1)) if observation_key == "sensor_observation" else 1
     sidecar: dict[str, Any] = {
         "format": FORMAT,
         "version": VERSION,
@@ -117,6 +124,8 @@ def build_sidecar(
             "dtype": "float32",
             "normalizer": "inside the ONNX graph: feed raw values",
             "fields": [{**field.to_dict(), "scale": 1.0} for field in layout.values()],
+            "history": history,
+            "frames": FRAMES,
         },
         "imu": {
             "site": constants.IMU_SITE,

@@ -248,6 +248,7 @@ class Sim2Sim:
         self.previous_action = np.zeros(sidecar.num_joints)
         self.clock = GaitClock.for_task(sidecar, self.task, self.command)
         self._velocities: deque[np.ndarray] = deque(maxlen=sidecar.joint_velocity_delay + 1)
+        self._frames: deque[np.ndarray] = deque(maxlen=sidecar.history)
 
     def reset(
         self,
@@ -285,10 +286,17 @@ class Sim2Sim:
         velocity = robot.joint_velocities()
         self._velocities.clear()
         self._velocities.extend([velocity] * self._velocities.maxlen)
+        self._frames.clear()
+        self._frames.extend([self._read_frame()] * sidecar.history)
         return self.observation()
 
     def observation(self) -> np.ndarray:
-        """The policy's input now, laid out as the sidecar says (float64; the policy takes it as float32)."""
+        """The policy's input now: the sidecar's ``history`` frames, newest first (float64; the policy
+        takes it as float32)."""
+        return np.concatenate(self._frames)
+
+    def _read_frame(self) -> np.ndarray:
+        """One frame of the sidecar's layout, read now."""
         robot = self.robot
         values = {
             "projected_gravity": robot.projected_gravity,
@@ -323,6 +331,7 @@ class Sim2Sim:
         self.step_count += 1
         self.previous_action = np.clip(action, sidecar.action_low, sidecar.action_high)
         self._velocities.append(robot.joint_velocities())
+        self._frames.appendleft(self._read_frame())
         return self.observation()
 
 
@@ -348,10 +357,11 @@ class OnnxPolicy:
         observation = inputs.get("observation") or self.session.get_inputs()[0]
         self.observation_name = observation.name
         width = observation.shape[-1]
-        if isinstance(width, int) and width != sidecar.observation_size:
+        if isinstance(width, int) and width != sidecar.input_size:
+            frames = f"{sidecar.history} frames of {sidecar.observation_size} = " if sidecar.history > 1 else ""
             raise SidecarError(
                 f"ONNX policy {self.path} takes an observation of width {width}, but sidecar {sidecar.source} "
-                f"lays out {sidecar.observation_size} values; use the sidecar exported with this policy."
+                f"lays out {frames}{sidecar.input_size} values; use the sidecar exported with this policy."
             )
         self.task_input = "task_id" if "task_id" in inputs else None
         output = self.session.get_outputs()[0]

@@ -408,6 +408,40 @@ def test_the_critic_observation_stays_ground_truth_under_bias_and_noise():
     env.close()
 
 
+def test_a_sensor_history_stacks_the_single_frame_readings_newest_first():
+    """The same seed draws the same physics and noise with any history: the stack of three frames is the
+    one-frame env's readings of this step and the two before, and a reset refills only the reset envs."""
+    one = _env("upstream", num_envs=2, tasks=MicroDuckEnv.tracking_task(0.2))
+    three = _env("upstream", num_envs=2, tasks=MicroDuckEnv.tracking_task(0.2), sensor_history=3)
+    assert three.observation_spec["sensor_observation"].shape == (2, 159)
+    td_one, td_three = one.reset(), three.reset()
+    readings = [td_one["sensor_observation"]]
+    torch.testing.assert_close(td_three["sensor_observation"], readings[0].repeat(1, 3), rtol=0, atol=0)
+    for action in _actions(4, 2):
+        td_one = one.step(td_one.set("action", action))["next"]
+        td_three = three.step(td_three.set("action", action))["next"]
+        readings.insert(0, td_one["sensor_observation"])
+        stacked = torch.cat([readings[min(k, len(readings) - 1)] for k in range(3)], dim=-1)
+        torch.testing.assert_close(td_three["sensor_observation"], stacked, rtol=0, atol=0)
+    before = td_three["sensor_observation"].clone()
+    reset = td_three.set("_reset", torch.tensor([[True], [False]]))
+    after = three.reset(reset)["sensor_observation"]
+    torch.testing.assert_close(after[0], after[0, :53].repeat(3), rtol=0, atol=0)
+    assert not torch.equal(after[0, :53], before[0, :53])
+    torch.testing.assert_close(after[1], before[1], rtol=0, atol=0)
+    # the mirror reflects every frame as the one-frame mirror does
+    mirror, single = three.MIRRORS["sensor_observation"], one.MIRRORS["sensor_observation"]
+    torch.testing.assert_close(mirror(after), torch.cat([single(frame) for frame in after.split(53, -1)], -1))
+    one.close()
+    three.close()
+
+
+@pytest.mark.parametrize("history", [0, -1, 1.5, True])
+def test_a_sensor_history_that_is_not_a_positive_integer_is_refused(history):
+    with pytest.raises(ValueError, match=r"sensor_history must be an integer >= 1"):
+        MicroDuckEnv(num_envs=1, sensor_history=history)
+
+
 # --------------------------------------------------------------------------- the sensor layout
 
 

@@ -97,6 +97,10 @@ class MicroDuckEnv(MujocoEnv):
             training's ranges) or a mapping of ranges over ``"none"``. Model
             parameters need ``backend="mujoco"`` or ``backend="mjx"`` without
             ``requires_grad``.
+        sensor_history: frames of the sensor layout in ``"sensor_observation"``,
+            newest first: frame ``k`` (values ``53k .. 53k + 52``) is what the
+            robot read ``k`` control steps ago, and a reset fills every frame
+            with the first reading. 1 (the default) is the single 53-value frame.
         **kwargs: forwarded to :class:`~waddle.envs.mujoco_env.MujocoEnv`:
             ``num_envs``, ``device``, ``seed``, ``reset_noise_scale``,
             ``from_pixels``, ``render_width``, ``render_height``,
@@ -186,6 +190,7 @@ class MicroDuckEnv(MujocoEnv):
         low_cost_collisions: bool = True,
         max_episode_steps: int = 500,
         randomization: MicroDuckRandomization | str | Mapping[str, Any] | None = "none",
+        sensor_history: int = 1,
         **kwargs: Any,
     ) -> None:
         refused = [name for name in _REFUSED_KWARGS if name in kwargs]
@@ -195,6 +200,11 @@ class MicroDuckEnv(MujocoEnv):
             raise ValueError(f"action_scale must be a finite number > 0, got {action_scale!r}.")
         if isinstance(max_episode_steps, bool) or not isinstance(max_episode_steps, int) or max_episode_steps < 1:
             raise ValueError(f"max_episode_steps must be an integer >= 1, got {max_episode_steps!r}.")
+        if isinstance(sensor_history, bool) or not isinstance(sensor_history, int) or sensor_history < 1:
+            raise ValueError(f"sensor_history must be an integer >= 1 (frames), got {sensor_history!r}.")
+        self.sensor_history = sensor_history
+        if sensor_history > 1:
+            self.MIRRORS = {**MIRRORS, "sensor_observation": MIRRORS["sensor_observation"].tiled(sensor_history)}
         self.randomization = resolve_randomization(randomization)
         self.scene_path = self.resolve_scene(microduck_root, root=root, download=download)
         spec = assets.load_spec(self.scene_path, low_cost_collisions=low_cost_collisions)
@@ -329,7 +339,7 @@ class MicroDuckEnv(MujocoEnv):
             for field, attribute in NOISY_FIELDS.items():
                 scale[SENSOR_FIELDS[field].indices] = getattr(config, attribute)
             self._sensor_noise = scale
-        self._sensor = torch.zeros(n, SENSOR_DIM, dtype=self.dtype, device=self.device)
+        self._sensor = torch.zeros(n, self.sensor_history, SENSOR_DIM, dtype=self.dtype, device=self.device)
 
     def _make_specs(self) -> None:
         n = self.num_envs
@@ -338,7 +348,9 @@ class MicroDuckEnv(MujocoEnv):
         command_spec = Unbounded(shape=(n, 2), dtype=self.dtype, device=self.device)
         observation = {
             "observation": Unbounded(shape=(n, self.OBSERVATION_DIM), dtype=self.dtype, device=self.device),
-            "sensor_observation": Unbounded(shape=(n, SENSOR_DIM), dtype=self.dtype, device=self.device),
+            "sensor_observation": Unbounded(
+                shape=(n, self.sensor_history * SENSOR_DIM), dtype=self.dtype, device=self.device
+            ),
             "command": command_spec.clone(),
             "task_id": task_id_spec.clone(),
         }
@@ -485,10 +497,12 @@ class MicroDuckEnv(MujocoEnv):
     def _sensor_observation(
         self, state: dict[str, torch.Tensor], reset_rows: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """What the robot measures after a step, or at a reset of ``reset_rows`` (layout: ``SENSOR_FIELDS``).
+        """What the robot measures after a step, or at a reset of ``reset_rows``: ``sensor_history``
+        frames of layout ``SENSOR_FIELDS``, newest first.
 
-        At a reset the delay lines of the reset envs are filled with the current
-        readings and the other envs keep the sensor observation they had.
+        At a reset the delay lines and the history of the reset envs are filled
+        with the current readings and the other envs keep the sensor observation
+        they had.
         """
         qvel = state["qvel"]
         n = qvel.shape[0]
@@ -520,10 +534,18 @@ class MicroDuckEnv(MujocoEnv):
         )
         if self._sensor_noise is not None:
             sensor = sensor + self._sensor_noise * self._uniform(n, SENSOR_DIM)
-        if reset_rows is not None:
-            sensor = torch.where(reset_rows.unsqueeze(-1), sensor, self._sensor)
-        self._sensor = sensor
-        return sensor
+        if self.sensor_history == 1:
+            frames = (
+                sensor.unsqueeze(1)
+                if reset_rows is None
+                else torch.where(reset_rows.view(n, 1, 1), sensor.unsqueeze(1), self._sensor)
+            )
+        elif reset_rows is None:
+            frames = torch.cat([sensor.unsqueeze(1), self._sensor[:, :-1]], dim=1)
+        else:
+            frames = torch.where(reset_rows.view(n, 1, 1), sensor.unsqueeze(1), self._sensor)
+        self._sensor = frames
+        return frames.reshape(n, -1)
 
     def _fallen(self, state: dict[str, torch.Tensor]) -> torch.Tensor:
         upright = -state["gravity"][:, 2]

@@ -105,6 +105,11 @@ class SignedPermutation:
             raise ValueError(f"expected a last dimension of {self.size}, got shape {tuple(values.shape)}.")
         return values[..., self.index.to(values.device)] * self.sign.to(values.device, values.dtype)
 
+    def tiled(self, copies: int) -> SignedPermutation:
+        """The reflection of ``copies`` vectors of this layout laid end to end (a stack of frames)."""
+        offsets = torch.arange(copies).repeat_interleave(self.size) * self.size
+        return SignedPermutation(self.index.repeat(copies) + offsets, self.sign.repeat(copies))
+
 
 def layout_mirror(fields: Mapping[str, SensorField]) -> SignedPermutation:
     """The reflection of a flat vector laid out as ``fields`` (:data:`SENSOR_FIELDS` or
