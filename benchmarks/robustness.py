@@ -55,7 +55,7 @@ from waddle.algorithms.evaluation import (
     EvaluationResult,
     evaluate,
     policy_from_checkpoint,
-    trained_sensor_history,
+    trained_env_options,
 )
 from waddle.algorithms.presets import TASK_TOTAL_STEPS, WALK_SPEED, make_env
 from waddle.cli.main import main as waddle
@@ -124,7 +124,7 @@ def evaluate_run(run: Path, randomization: str, episodes: int, max_steps: int, s
         seed=seed,
         randomization=randomization,
         max_episode_steps=max_steps,
-        sensor_history=trained_sensor_history(checkpoint),
+        **trained_env_options(checkpoint),
     )
     try:
         policy = policy_from_checkpoint(checkpoint, env)

@@ -183,10 +183,12 @@ def test_init_from_a_sensors_run_keeps_its_actor_observation_and_refuses_another
 
 @pytest.fixture(scope="module")
 def history_run(tmp_path_factory):
-    """512 PPO steps on walk, the actor on three frames of the sensors, under the upstream randomization."""
+    """512 PPO steps on walk, the actor on three frames of the sensors at 0.5 rad per unit of action, under
+    the upstream randomization."""
     out = tmp_path_factory.mktemp("history")
     argv = ["train", "--task", "walk", "--randomization", "upstream", "--actor-observation", "sensors"]
-    assert main([*argv, "--sensor-history", "3", "--total-steps", "512", "--out", str(out), *TINY]) == 0
+    argv += ["--sensor-history", "3", "--action-scale", "0.5"]
+    assert main([*argv, "--total-steps", "512", "--out", str(out), *TINY]) == 0
     return out
 
 
@@ -195,6 +197,7 @@ def test_a_history_run_trains_evaluates_exports_and_runs_in_sim2sim_on_three_fra
 
     checkpoint = torch.load(history_run / "checkpoint.pt", weights_only=True)
     assert checkpoint["config"]["run"]["sensor_history"] == 3
+    assert checkpoint["config"]["run"]["action_scale"] == 0.5
     assert checkpoint["trainer"]["policy"]["net.0.weight"].shape[1] == 3 * 53
     assert main(["eval", str(history_run), "--episodes", "2", "--max-steps", "20"]) == 0
     assert "policy reads sensor_observation" in capsys.readouterr().out
@@ -205,19 +208,30 @@ def test_a_history_run_trains_evaluates_exports_and_runs_in_sim2sim_on_three_fra
     sidecar = json.loads(onnx_path.with_suffix(".json").read_text())
     assert (sidecar["observation"]["size"], sidecar["observation"]["history"]) == (53, 3)
     assert sidecar["training"]["sensor_history"] == 3
+    assert sidecar["action"]["scale"] == sidecar["training"]["action_scale"] == 0.5
     capsys.readouterr()
     assert main(["sim2sim", str(onnx_path), "--episodes", "2", "--max-steps", "20"]) == 0
     assert "2 episodes of at most 20 steps" in capsys.readouterr().out
 
 
-def test_a_history_checkpoint_on_an_env_of_another_history_is_refused(history_run):
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"action_scale": 0.5}, r"reads 3 frame\(s\) .* the env stacks 1: .*sensor_history=3"),
+        ({"sensor_history": 3}, r"action_scale=0.5 rad per unit and the env's is 0.35: .*action_scale=0.5"),
+    ],
+    ids=["frames", "action-scale"],
+)
+def test_a_checkpoint_on_an_env_of_another_history_or_action_scale_is_refused(history_run, options, message):
     from waddle.algorithms.checkpoint import CheckpointError, load_checkpoint
-    from waddle.algorithms.evaluation import policy_from_checkpoint
+    from waddle.algorithms.evaluation import policy_from_checkpoint, trained_env_options
     from waddle.algorithms.presets import make_env
 
-    env = make_env("walk", num_envs=2, seed=0, randomization="upstream")
-    with pytest.raises(CheckpointError, match=r"reads 3 frame\(s\) .* the env stacks 1: .*sensor_history=3"):
-        policy_from_checkpoint(load_checkpoint(history_run / "checkpoint.pt"), env)
+    checkpoint = load_checkpoint(history_run / "checkpoint.pt")
+    assert trained_env_options(checkpoint) == {"sensor_history": 3, "action_scale": 0.5}
+    env = make_env("walk", num_envs=2, seed=0, randomization="upstream", **options)
+    with pytest.raises(CheckpointError, match=message):
+        policy_from_checkpoint(checkpoint, env)
     env.close()
 
 
@@ -236,4 +250,16 @@ def test_a_run_started_from_a_history_checkpoint_keeps_its_frames(history_run, t
 
     argv = ["train", "--out", str(tmp_path / "run"), "--task", "walk", "--init-from", str(history_run)]
     config, _ = resolve_config(build_parser().parse_args(argv))
-    assert config["run"]["sensor_history"] == 3
+    assert (config["run"]["sensor_history"], config["run"]["action_scale"]) == (3, 0.5)
+    config, _ = resolve_config(build_parser().parse_args([*argv, "--action-scale", "0.4"]))
+    assert config["run"]["action_scale"] == 0.4  # a given flag wins
+
+
+@pytest.mark.parametrize("scale", ["0", "-0.3", "nan"])
+def test_an_action_scale_that_is_not_positive_is_refused(scale, tmp_path):
+    from waddle.cli.main import build_parser
+    from waddle.cli.train import resolve_config
+
+    args = build_parser().parse_args(["train", "--out", str(tmp_path / "run"), "--action-scale", scale])
+    with pytest.raises(ValueError, match="action_scale must be a finite number > 0"):
+        resolve_config(args)

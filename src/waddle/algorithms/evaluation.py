@@ -53,10 +53,17 @@ def trained_randomization(checkpoint: Mapping[str, Any]) -> str:
     return str(upgrade_run_fields(run)["randomization"]) if isinstance(run, Mapping) else "none"
 
 
-def trained_sensor_history(checkpoint: Mapping[str, Any]) -> int:
-    """Frames of sensor readings the checkpoint's env stacked in ``"sensor_observation"`` (1 for older ones)."""
+POLICY_ENV_FIELDS: tuple[str, ...] = ("sensor_history", "action_scale")
+"""Run-config fields that are also MicroDuckEnv options a policy depends on: what it reads (the stack of
+sensor frames) and what its action means (radians per unit). Every env a policy runs in takes them as trained."""
+
+
+def trained_env_options(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
+    """The MicroDuckEnv options (:data:`POLICY_ENV_FIELDS`) the checkpoint was trained with, older
+    checkpoints' defaults filled in: pass them to ``make_env`` for any env its policy runs in."""
     run = checkpoint.get("config", {}).get("run")
-    return int(upgrade_run_fields(run)["sensor_history"]) if isinstance(run, Mapping) else 1
+    fields = upgrade_run_fields(run if isinstance(run, Mapping) else {})
+    return {name: fields[name] for name in POLICY_ENV_FIELDS}
 
 
 def policy_from_checkpoint(
@@ -93,11 +100,17 @@ def policy_from_checkpoint(
             check_actor_observation(trained_actor_observation(checkpoint), actor_observation)
         except ActorObservationError as err:
             raise CheckpointError(str(err)) from None
-    history = trained_sensor_history(checkpoint)
+    options = trained_env_options(checkpoint)
+    history, scale = options["sensor_history"], options["action_scale"]
     if trained_actor_observation(checkpoint) == "sensors" and getattr(env, "sensor_history", history) != history:
         raise CheckpointError(
             f"the checkpoint's actor reads {history} frame(s) of sensor readings and the env stacks "
             f"{env.sensor_history}: build the env with sensor_history={history}."
+        )
+    if getattr(env, "action_scale", scale) != scale:
+        raise CheckpointError(
+            f"the checkpoint's actions were trained at action_scale={scale} rad per unit and the env's is "
+            f"{env.action_scale}: build the env with action_scale={scale}."
         )
     run = checkpoint.get("config", {}).get("run")
     built_on, spare = env, None
@@ -105,7 +118,7 @@ def policy_from_checkpoint(
     if isinstance(run, Mapping) and "task" in run and randomization is not None:
         trained = trained_randomization(checkpoint)
         if randomization != resolve_randomization(trained):
-            built_on = spare = make_env(run["task"], num_envs=1, seed=0, randomization=trained, sensor_history=history)
+            built_on = spare = make_env(run["task"], num_envs=1, seed=0, randomization=trained, **options)
     try:
         config = make_config(algo, upgrade_config_fields(algo, checkpoint["config"]["algorithm"]))
         trainer = make_trainer(algo, built_on, config, device)

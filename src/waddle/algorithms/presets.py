@@ -242,6 +242,7 @@ ADDED_ALGORITHM_FIELDS: dict[str, dict[str, Any]] = {
 ADDED_RUN_FIELDS: dict[str, Any] = {
     "randomization": "none",
     "sensor_history": 1,
+    "action_scale": 0.35,
     "collectors": 1,
     "collector_backend": "process",
     "ray_address": "",

@@ -77,6 +77,9 @@ class TrainConfig:
     sensor_history: int = 1
     """Frames of the robot's readings, newest first, in the sensor observation a '--actor-observation sensors'
     actor reads (1: the latest only); a robot runtime keeps the same number (the export's sidecar says it)."""
+    action_scale: float = 0.35
+    """Radians of servo target per unit of action, on top of the STAND pose and the gait prior (the policy's
+    actions live in [-1, 1]); the export's sidecar records it."""
     num_envs: int = 256
     """Envs simulated in parallel."""
     total_steps: int = 1_500_000
@@ -118,6 +121,12 @@ class TrainConfig:
         for name in ("video_frames", "torch_threads", "update_threads"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}.")
+        if isinstance(self.action_scale, bool) or not isinstance(self.action_scale, (int, float)):
+            raise ValueError(f"action_scale must be a number > 0 (rad per unit of action), got {self.action_scale!r}.")
+        if not (math.isfinite(self.action_scale) and self.action_scale > 0):
+            raise ValueError(
+                f"action_scale must be a finite number > 0 (rad per unit of action), got {self.action_scale!r}."
+            )
         if self.randomization not in RANDOMIZATIONS:
             raise ValueError(f"randomization must be one of {', '.join(RANDOMIZATIONS)}; got {self.randomization!r}.")
         if self.logger not in LOGGERS:

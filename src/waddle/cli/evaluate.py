@@ -92,8 +92,8 @@ def run(args: argparse.Namespace) -> int:
         evaluate_tasks,
         observation_key,
         policy_from_checkpoint,
+        trained_env_options,
         trained_randomization,
-        trained_sensor_history,
     )
     from waddle.algorithms.presets import make_env
 
@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
             max_episode_steps=args.max_steps,
             command=None if args.command is None else tuple(args.command),
             randomization=randomization,
-            sensor_history=trained_sensor_history(checkpoint),
+            **trained_env_options(checkpoint),
         )
         try:
             policy = policy_from_checkpoint(checkpoint, env, args.device, actor_observation=args.actor_observation)

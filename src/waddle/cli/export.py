@@ -152,8 +152,8 @@ def run(args: argparse.Namespace) -> int:
     from waddle.algorithms.evaluation import (
         observation_key,
         policy_from_checkpoint,
+        trained_env_options,
         trained_randomization,
-        trained_sensor_history,
     )
     from waddle.algorithms.presets import make_env
     from waddle.deploy.contract import default_sidecar_path
@@ -171,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
             seed=0,
             backend="mujoco",
             randomization=randomization,
-            sensor_history=trained_sensor_history(checkpoint),
+            **trained_env_options(checkpoint),
         )
         try:
             policy = policy_from_checkpoint(checkpoint, env, actor_observation=args.actor_observation)
@@ -201,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
             "task": run_config["task"],
             "randomization": randomization,
             "actor_observation": "sensors" if key == "sensor_observation" else "full",
-            "sensor_history": trained_sensor_history(checkpoint),
+            **trained_env_options(checkpoint),
             "env_steps": int(checkpoint["env_steps"]),
         },
         onnx_file=Path(args.onnx).name,

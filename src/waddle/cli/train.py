@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from waddle.algorithms.checkpoint import CheckpointError, check_compatible, load_checkpoint
+from waddle.algorithms.evaluation import POLICY_ENV_FIELDS
 from waddle.algorithms.init_from import InitFromError, check_network_config, inherited_fields, load_weights
 from waddle.algorithms.loggers import LOGGERS, make_logger, require_package
 from waddle.algorithms.presets import (
@@ -308,10 +309,10 @@ def resolve_config(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, 
             run_flags["total_steps"] = TASK_TOTAL_STEPS[task]
         if source is not None:
             run_flags.setdefault("algo", source["algo"])
-            # The actor's input width follows the source's stack of sensor frames.
-            run_flags.setdefault(
-                "sensor_history", upgrade_run_fields(source["config"].get("run") or {})["sensor_history"]
-            )
+            # What the source's actor reads and what its actions mean carry over unless given.
+            source_run = upgrade_run_fields(source["config"].get("run") or {})
+            for name in POLICY_ENV_FIELDS:
+                run_flags.setdefault(name, source_run[name])
         run = TrainConfig(**run_flags)
         base = task_algorithm_defaults(run.task, run.algo)
         if source is not None and source["algo"] == run.algo:
@@ -386,6 +387,7 @@ def run(args: argparse.Namespace) -> int:
         diagnostics=not algorithm.differentiable,
         randomization=run_config.randomization,
         sensor_history=run_config.sensor_history,
+        action_scale=run_config.action_scale,
     )
     env_factories, ray_init = None, None
     try:
@@ -547,6 +549,7 @@ def _film(trainer: Trainer, run_config: TrainConfig, path: Path, device: str) ->
         device=device,
         randomization=run_config.randomization,
         sensor_history=run_config.sensor_history,
+        action_scale=run_config.action_scale,
     )
     try:
         film(env, trainer.deterministic_policy(), path, frames=run_config.video_frames)
