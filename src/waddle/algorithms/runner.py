@@ -121,9 +121,8 @@ class TrainConfig:
         for name in ("video_frames", "torch_threads", "update_threads"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}.")
-        if isinstance(self.action_scale, bool) or not isinstance(self.action_scale, (int, float)):
-            raise ValueError(f"action_scale must be a number > 0 (rad per unit of action), got {self.action_scale!r}.")
-        if not (math.isfinite(self.action_scale) and self.action_scale > 0):
+        scale = self.action_scale
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (math.isfinite(scale) and scale > 0):
             raise ValueError(
                 f"action_scale must be a finite number > 0 (rad per unit of action), got {self.action_scale!r}."
             )

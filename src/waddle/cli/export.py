@@ -164,6 +164,7 @@ def run(args: argparse.Namespace) -> int:
         checkpoint = load_checkpoint(path)
         run_config = checkpoint["config"]["run"]
         randomization = trained_randomization(checkpoint)
+        env_options = trained_env_options(checkpoint)
         # The training env's layout, randomization and latency are what the sidecar describes.
         env = make_env(
             run_config["task"],
@@ -171,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
             seed=0,
             backend="mujoco",
             randomization=randomization,
-            **trained_env_options(checkpoint),
+            **env_options,
         )
         try:
             policy = policy_from_checkpoint(checkpoint, env, actor_observation=args.actor_observation)
@@ -201,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
             "task": run_config["task"],
             "randomization": randomization,
             "actor_observation": "sensors" if key == "sensor_observation" else "full",
-            **trained_env_options(checkpoint),
+            **env_options,
             "env_steps": int(checkpoint["env_steps"]),
         },
         onnx_file=Path(args.onnx).name,

@@ -534,16 +534,12 @@ class MicroDuckEnv(MujocoEnv):
         )
         if self._sensor_noise is not None:
             sensor = sensor + self._sensor_noise * self._uniform(n, SENSOR_DIM)
-        if self.sensor_history == 1:
-            frames = (
-                sensor.unsqueeze(1)
-                if reset_rows is None
-                else torch.where(reset_rows.view(n, 1, 1), sensor.unsqueeze(1), self._sensor)
-            )
-        elif reset_rows is None:
-            frames = torch.cat([sensor.unsqueeze(1), self._sensor[:, :-1]], dim=1)
-        else:
+        if reset_rows is not None:
             frames = torch.where(reset_rows.view(n, 1, 1), sensor.unsqueeze(1), self._sensor)
+        elif self.sensor_history == 1:
+            frames = sensor.unsqueeze(1)
+        else:
+            frames = torch.cat([sensor.unsqueeze(1), self._sensor[:, :-1]], dim=1)
         self._sensor = frames
         return frames.reshape(n, -1)
 
