@@ -17,6 +17,11 @@ In one run, on the same embedded MicroDuck model and machine:
 * PPO end to end (``waddle train --task walk``'s trainer and env, rollout and
   update, its default settings), plain and with ``--overlap-rollout``, each
   against the C limit of its own transitions;
+* PPO's CPU budget: the CPU seconds (every thread) per env step of its rollout,
+  of its update and of the C limit, and the ceiling they put on PPO / C: with
+  every core busy all the time, however the rollout and update are
+  overlapped, an env step cannot take less than their CPU seconds over the
+  cores;
 * what task conditioning costs PPO (``task_conditioning_cost``);
 * the cost of domain randomization: the native env at 256 envs with
   ``randomization="upstream"`` (per-env models, encoder bias, IMU tilt, pushes,
@@ -36,6 +41,7 @@ import argparse
 import math
 import os
 import time
+from dataclasses import dataclass
 
 import mujoco
 import numpy as np
@@ -91,19 +97,26 @@ class TransitionRecorder:
     def c_limit_rate(self, threads: int, repeats: int = REPEATS) -> float:
         """Env steps per second of ``mujoco.rollout`` simulating the recorded transitions in one call
         (the best of ``repeats`` calls)."""
+        return self.c_limit(threads, repeats)[0]
+
+    def c_limit(self, threads: int, repeats: int = REPEATS) -> tuple[float, float]:
+        """The C limit's env steps per second (best of ``repeats`` calls) and the CPU seconds per env
+        step that best call took (every thread of this process)."""
         model, frame_skip = self.physics.model, self.physics.frame_skip
         states = np.concatenate(self.states)
         controls = np.repeat(np.concatenate(self.controls)[:, None, :], frame_skip, axis=1)
         pool = rollout.Rollout(nthread=threads)
         datas = [mujoco.MjData(model) for _ in range(threads)]
         pool.rollout(model, datas, states[: 4 * threads], controls[: 4 * threads])  # warm-up
-        best = 0.0
+        best, cpu_per_step = 0.0, math.nan
         for _ in range(repeats):
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             pool.rollout(model, datas, states, controls)
-            best = max(best, len(states) / (time.perf_counter() - start))
+            rate = len(states) / (time.perf_counter() - start)
+            if rate > best:
+                best, cpu_per_step = rate, (time.process_time() - cpu_start) / len(states)
         pool.close()
-        return best
+        return best, cpu_per_step
 
 
 def waddle_rate(num_envs: int, steps: int, threads: int) -> tuple[float, float]:
@@ -124,16 +137,48 @@ def waddle_rate(num_envs: int, steps: int, threads: int) -> tuple[float, float]:
     return rate, limit
 
 
+@dataclass(frozen=True)
+class PPOThroughput:
+    """One PPO timing: its rate, the C limit of its transitions, and where the seconds went."""
+
+    rate: float
+    """Env steps per second, rollout and update."""
+    limit: float
+    """The C limit of the same transitions, env steps per second."""
+    update_share: float
+    """The update's share of the wall time."""
+    rollout_cpu_s: float
+    """CPU seconds (every thread of the process) per 1,000 env steps spent collecting: physics, env, actor."""
+    update_cpu_s: float
+    """CPU seconds per 1,000 env steps spent updating the networks."""
+    limit_cpu_s: float
+    """CPU seconds per 1,000 env steps of the C limit."""
+    cores: int
+    """CPU cores the process may use."""
+
+    @property
+    def ceiling(self) -> float:
+        """The highest PPO / C limit any schedule could reach on these cores at these CPU costs.
+
+        The best the cores can do is to be busy all the time: then an env step
+        takes ``(rollout + update CPU) / cores`` seconds, however the rollout
+        and the update are interleaved or overlapped, against ``1 / limit``
+        for the C limit.
+        """
+        return (1e3 / self.limit) / ((self.rollout_cpu_s + self.update_cpu_s) / self.cores)
+
+
 def ppo_rate(
     num_envs: int, iterations: int, threads: int, overlap: bool = False, start_from: str | None = None
-) -> tuple[float, float, float]:
+) -> PPOThroughput:
     """PPO's env steps per second over ``iterations`` iterations after one warm-up, the C limit of
-    the transitions it simulated, and the update's share of the time.
+    the transitions it simulated, the update's share of the time and the CPU seconds of each part.
 
     With ``overlap`` the rollout runs during the update (``--overlap-rollout``); the share is then the
-    update's time over the iteration's, most of it hidden behind the simulator. ``start_from`` (a
-    ``waddle train --task walk`` checkpoint) times PPO from a trained policy: from scratch the
-    robots fall and reset every few steps, later in a run episodes last.
+    update's time over the iteration's, most of it hidden behind the simulator, and the CPU seconds of
+    the two parts are not told apart (NaN). ``start_from`` (a ``waddle train --task walk`` checkpoint)
+    times PPO from a trained policy: from scratch the robots fall and reset every few steps, later in
+    a run episodes last.
     """
     env = make_env("walk", num_envs=num_envs, seed=0, num_threads=threads)
     recorder = TransitionRecorder(env)
@@ -141,16 +186,28 @@ def ppo_rate(
     if start_from is not None:
         trainer.load_state_dict(load_checkpoint(start_from)["trainer"])
     trainer.train_iteration()  # warm-up
-    update_s = 0.0
+    update_s = rollout_cpu_s = update_cpu_s = 0.0
     recorder.recording = True
     start = time.perf_counter()
     for _ in range(iterations):
-        update_s += trainer.train_iteration()["perf/update_s"]
+        metrics = trainer.train_iteration()
+        update_s += metrics["perf/update_s"]
+        rollout_cpu_s += metrics["perf/rollout_cpu_s"]
+        update_cpu_s += metrics["perf/update_cpu_s"]
     elapsed = time.perf_counter() - start
     recorder.recording = False
-    limit = recorder.c_limit_rate(threads)
+    limit, limit_cpu_per_step = recorder.c_limit(threads)
     env.close()
-    return iterations * trainer.steps_per_iteration / elapsed, limit, update_s / elapsed
+    steps = iterations * trainer.steps_per_iteration
+    return PPOThroughput(
+        rate=steps / elapsed,
+        limit=limit,
+        update_share=update_s / elapsed,
+        rollout_cpu_s=1e3 * rollout_cpu_s / steps,
+        update_cpu_s=1e3 * update_cpu_s / steps,
+        limit_cpu_s=1e3 * limit_cpu_per_step,
+        cores=len(os.sched_getaffinity(0)),
+    )
 
 
 def task_conditioning_cost(num_envs: int, threads: int, repeats: int = 3) -> dict[str, float]:
@@ -331,14 +388,25 @@ def main() -> None:
         )
         if args.ppo_from:
             print(f"(from the trained policy {args.ppo_from})")
+        budgets = {}
         for size in args.sizes:
-            rate, limit, update_share = ppo_rate(size, args.ppo_iterations, args.threads, start_from=args.ppo_from)
-            overlapped, overlapped_limit, _ = ppo_rate(
-                size, args.ppo_iterations, args.threads, overlap=True, start_from=args.ppo_from
-            )
+            plain = budgets[size] = ppo_rate(size, args.ppo_iterations, args.threads, start_from=args.ppo_from)
+            overlapped = ppo_rate(size, args.ppo_iterations, args.threads, overlap=True, start_from=args.ppo_from)
             print(
-                f"{size:>6} {rate:>9,.0f} {limit:>9,.0f} {rate / limit:>8.2f} {update_share:>13.2f} "
-                f"{overlapped:>9,.0f} {overlapped_limit:>9,.0f} {overlapped / overlapped_limit:>12.2f}",
+                f"{size:>6} {plain.rate:>9,.0f} {plain.limit:>9,.0f} {plain.rate / plain.limit:>8.2f} "
+                f"{plain.update_share:>13.2f} {overlapped.rate:>9,.0f} {overlapped.limit:>9,.0f} "
+                f"{overlapped.rate / overlapped.limit:>12.2f}",
+                flush=True,
+            )
+        print(
+            "PPO's CPU budget (plain loop; CPU seconds of every thread per 1,000 env steps). The ceiling is the\n"
+            "best PPO / C any overlap of rollout and update could reach on these cores at these costs:\n"
+            f"{'envs':>6} {'rollout':>8} {'update':>7} {'C limit':>8} {'cores':>6} {'ceiling':>8} {'PPO / C':>8}"
+        )
+        for size, plain in budgets.items():
+            print(
+                f"{size:>6} {plain.rollout_cpu_s:>8.3f} {plain.update_cpu_s:>7.3f} {plain.limit_cpu_s:>8.3f} "
+                f"{plain.cores:>6} {plain.ceiling:>8.2f} {plain.rate / plain.limit:>8.2f}",
                 flush=True,
             )
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 
 import pytest
 import torch
@@ -348,6 +349,36 @@ def test_update_runs_on_update_threads_and_restores_the_rollout_setting(monkeypa
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(previous)
+
+
+def busy(seconds: float) -> None:
+    """Spend ``seconds`` of this thread's CPU time."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+def test_cpu_seconds_are_counted_per_phase_and_not_as_wall_time(monkeypatch):
+    trainer = PPO(point_env(8), PPOConfig(num_steps=4, **TINY))
+    trainer.train_iteration()  # warm-up: first calls build the collector
+    collect, update = trainer.collect, trainer.update
+    monkeypatch.setattr(trainer, "collect", lambda: busy(0.3) or collect())
+    monkeypatch.setattr(trainer, "update", lambda batch: time.sleep(0.3) or update(batch))
+    metrics = trainer.train_iteration()
+    # The rollout burned 0.3 s of CPU; the update slept 0.3 s, which is wall time and no CPU.
+    assert metrics["perf/rollout_cpu_s"] >= 0.3
+    assert metrics["perf/update_s"] >= 0.3
+    assert metrics["perf/update_cpu_s"] < metrics["perf/update_s"] - 0.2
+    assert metrics["perf/rollout_cpu_s"] + metrics["perf/update_cpu_s"] == pytest.approx(
+        metrics["perf/iteration_cpu_s"]
+    )
+
+
+def test_overlapped_iterations_report_only_the_total_cpu_seconds():
+    trainer = PPO(point_env(8), PPOConfig(num_steps=4, overlap_rollout=True, **TINY))
+    metrics = trainer.train_iteration()
+    assert math.isnan(metrics["perf/rollout_cpu_s"]) and math.isnan(metrics["perf/update_cpu_s"])
+    assert metrics["perf/iteration_cpu_s"] > 0
 
 
 @pytest.mark.parametrize("value", [0, -1, 1.5, True])

@@ -680,20 +680,29 @@ class PPO:
             after each step; 0 unless the schedule is adaptive), ``charts/kl_approx``,
             ``charts/clip_fraction``, ``charts/explained_variance``,
             ``charts/grad_norm``, ``charts/learning_rate``, ``charts/action_std``
-            and the seconds spent in ``perf/rollout_s`` and ``perf/update_s``;
+            the seconds spent in ``perf/rollout_s`` and ``perf/update_s``, and
+            this process's CPU seconds (every thread, the physics pool's
+            included; collector processes and Ray actors not counted) in each, ``perf/rollout_cpu_s`` and ``perf/update_cpu_s`` (NaN with
+            ``overlap_rollout``, whose phases run at once), and in the whole
+            iteration, ``perf/iteration_cpu_s``;
             with an env that reports its reward terms, ``reward/<term>``
             (:func:`reward_term_means`; they sum to ``charts/reward_mean``).
         """
+        cpu_start = time.process_time()
         if self.config.overlap_rollout:
             batch, stats, rollout_time, update_time = self._overlapped_iteration()
+            # The phases run at once: only the iteration's CPU total is known.
+            rollout_cpu = math.nan
         else:
             start = time.perf_counter()
             batch = self.collect()
             self._record_episodes(batch)
             rollout_time = time.perf_counter() - start
+            rollout_cpu = time.process_time() - cpu_start
             start = time.perf_counter()
             stats = self._learn(batch)
             update_time = time.perf_counter() - start
+        iteration_cpu = time.process_time() - cpu_start
         self.iteration += 1
 
         def mean(values: deque[float]) -> float:
@@ -709,6 +718,9 @@ class PPO:
             "charts/action_std": float(self.policy.log_std.detach().clamp(*LOG_STD_BOUNDS).exp().mean()),
             "perf/rollout_s": rollout_time,
             "perf/update_s": update_time,
+            "perf/rollout_cpu_s": rollout_cpu,
+            "perf/update_cpu_s": iteration_cpu - rollout_cpu,
+            "perf/iteration_cpu_s": iteration_cpu,
         }
 
     def _learn(self, batch: TensorDictBase) -> dict[str, float]:
