@@ -679,10 +679,11 @@ class PPO:
             ``losses/entropy_loss``, ``charts/entropy``, ``charts/kl`` (exact,
             after each step; 0 unless the schedule is adaptive), ``charts/kl_approx``,
             ``charts/clip_fraction``, ``charts/explained_variance``,
-            ``charts/grad_norm``, ``charts/learning_rate``, ``charts/action_std``
+            ``charts/grad_norm``, ``charts/learning_rate``, ``charts/action_std``,
             the seconds spent in ``perf/rollout_s`` and ``perf/update_s``, and
             this process's CPU seconds (every thread, the physics pool's
-            included; collector processes and Ray actors not counted) in each, ``perf/rollout_cpu_s`` and ``perf/update_cpu_s`` (NaN with
+            included; collector processes and Ray actors not counted) in each,
+            ``perf/rollout_cpu_s`` and ``perf/update_cpu_s`` (NaN with
             ``overlap_rollout``, whose phases run at once), and in the whole
             iteration, ``perf/iteration_cpu_s``;
             with an env that reports its reward terms, ``reward/<term>``
