@@ -353,6 +353,35 @@ def test_the_mirror_loss_left_out_follows_the_task(argv, coef, tmp_path):
     assert config["algorithm"]["mirror_loss_coef"] == coef
 
 
+def test_the_training_episode_horizon_is_a_flag_recorded_in_the_checkpoint(tmp_path, capsys):
+    from waddle.algorithms.runner import read_metrics
+
+    out = tmp_path / "run"
+    argv = ["train", "--total-steps", "512", "--out", str(out), *TINY, "--video-frames", "0"]
+    assert main([*argv, "--max-episode-steps", "8"]) == 0
+    checkpoint = torch.load(out / "checkpoint.pt", weights_only=True)
+    assert checkpoint["config"]["run"]["max_episode_steps"] == 8
+    _, rows = read_metrics(out / "metrics.csv")
+    lengths = [row["charts/episode_length"] for row in rows if math.isfinite(row["charts/episode_length"])]
+    # 16 envs x 32 steps: with the default 500-step horizon no episode would end; at 8 every one is cut at 8.
+    assert lengths and all(length == 8 for length in lengths)
+    capsys.readouterr()
+    assert main(["eval", str(out), "--episodes", "2", "--max-steps", "8"]) == 0
+    assert "note: the policy trained on episodes" not in capsys.readouterr().out
+    assert main(["eval", str(out), "--episodes", "2", "--max-steps", "9"]) == 0
+    assert "note: the policy trained on episodes of 8 steps; past step 8" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("steps", ["0", "-5"])
+def test_a_training_horizon_that_is_not_positive_is_refused(steps, tmp_path):
+    from waddle.cli.main import build_parser
+    from waddle.cli.train import resolve_config
+
+    args = build_parser().parse_args(["train", "--out", str(tmp_path / "run"), "--max-episode-steps", steps])
+    with pytest.raises(ValueError, match="max_episode_steps must be an integer >= 1"):
+        resolve_config(args)
+
+
 def test_a_task_default_of_another_algorithm_is_not_applied(tmp_path):
     from waddle.cli.main import build_parser
     from waddle.cli.train import resolve_config

@@ -53,6 +53,12 @@ def trained_randomization(checkpoint: Mapping[str, Any]) -> str:
     return str(upgrade_run_fields(run)["randomization"]) if isinstance(run, Mapping) else "none"
 
 
+def trained_horizon(checkpoint: Mapping[str, Any]) -> int:
+    """The control steps after which the checkpoint's training episodes were cut (500 for older ones)."""
+    run = checkpoint.get("config", {}).get("run")
+    return int(upgrade_run_fields(run if isinstance(run, Mapping) else {})["max_episode_steps"])
+
+
 POLICY_ENV_FIELDS: tuple[str, ...] = ("sensor_history", "action_scale")
 """Run-config fields that are also MicroDuckEnv options a policy depends on: what it reads (the stack of
 sensor frames) and what its action means (radians per unit). Every env a policy runs in takes them as trained."""

@@ -243,6 +243,7 @@ ADDED_RUN_FIELDS: dict[str, Any] = {
     "randomization": "none",
     "sensor_history": 1,
     "action_scale": 0.35,
+    "max_episode_steps": 500,
     "collectors": 1,
     "collector_backend": "process",
     "ray_address": "",

@@ -80,6 +80,9 @@ class TrainConfig:
     action_scale: float = 0.35
     """Radians of servo target per unit of action, on top of the STAND pose and the gait prior (the policy's
     actions live in [-1, 1]); the export's sidecar records it."""
+    max_episode_steps: int = 500
+    """Control steps after which a training episode is cut (truncated, its value bootstrapped): 500 = 10 s at
+    50 Hz. A policy never sees a state later than this in training; 'waddle eval' runs 20 s episodes."""
     num_envs: int = 256
     """Envs simulated in parallel."""
     total_steps: int = 1_500_000
@@ -114,7 +117,7 @@ class TrainConfig:
     """HOST:PORT of a running Ray cluster's head (implies collector_backend 'ray'); empty: start a local one."""
 
     def __post_init__(self) -> None:
-        for name in ("num_envs", "total_steps", "checkpoint_every", "sensor_history"):
+        for name in ("num_envs", "total_steps", "checkpoint_every", "sensor_history", "max_episode_steps"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")

@@ -93,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
         observation_key,
         policy_from_checkpoint,
         trained_env_options,
+        trained_horizon,
         trained_randomization,
     )
     from waddle.algorithms.presets import make_env
@@ -143,6 +144,12 @@ def run(args: argparse.Namespace) -> int:
         f"{args.episodes} episodes of {args.max_steps} steps per task and command; "
         "speeds, drift and hops over the envs that did not fall"
     )
+    horizon = trained_horizon(checkpoint)
+    if args.max_steps > horizon:
+        print(
+            f"note: the policy trained on episodes of {horizon} steps; past step {horizon} it runs in states it "
+            f"never saw (waddle train --max-episode-steps {args.max_steps} trains on the whole episode)"
+        )
     print(format_table(results))
     if args.csv:
         write_csv(results, args.csv)

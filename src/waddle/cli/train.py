@@ -388,6 +388,7 @@ def run(args: argparse.Namespace) -> int:
         randomization=run_config.randomization,
         sensor_history=run_config.sensor_history,
         action_scale=run_config.action_scale,
+        max_episode_steps=run_config.max_episode_steps,
     )
     env_factories, ray_init = None, None
     try:
