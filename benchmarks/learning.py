@@ -228,12 +228,13 @@ def format_command_outcome(o: CommandOutcome) -> str:
 def walk_part(part: str, seed: int, args: argparse.Namespace) -> list[CommandOutcome]:
     """Train ``--task part`` with ``waddle train``'s defaults; time each command's first hold, then evaluate."""
     torch.manual_seed(seed)
-    env = make_env(part, num_envs=args.num_envs, seed=seed)
+    scale = {"action_scale": args.action_scale}
+    env = make_env(part, num_envs=args.num_envs, seed=seed, **scale)
     trainer = PPO(env, train_config(part, args), update_threads=UPDATE_THREADS)
     commands = [command for command, _ in task_commands(env.tasks)]
     tolerance = COMMAND_TOLERANCE[part]
     budget = args.walk_steps or TASK_TOTAL_STEPS.get(part, TrainConfig().total_steps)
-    check_env = make_env(part, num_envs=args.eval_envs, seed=seed + 1000)
+    check_env = make_env(part, num_envs=args.eval_envs, seed=seed + 1000, **scale)
 
     def evaluate_all(eval_env, max_steps):
         policy = trainer.deterministic_policy()
@@ -259,7 +260,7 @@ def walk_part(part: str, seed: int, args: argparse.Namespace) -> list[CommandOut
     if args.save:
         os.makedirs(args.save, exist_ok=True)
         path = os.path.join(args.save, f"{part}-seed{seed}.pt")
-        run = asdict(TrainConfig(task=part, num_envs=args.num_envs, total_steps=budget, seed=seed))
+        run = asdict(TrainConfig(task=part, num_envs=args.num_envs, total_steps=budget, seed=seed, **scale))
         save_checkpoint(
             path,
             algo="ppo",
@@ -270,7 +271,7 @@ def walk_part(part: str, seed: int, args: argparse.Namespace) -> list[CommandOut
             wall_time_s=train_s,
         )
         print(f"  wrote {path} (waddle eval {path} --video ...)", flush=True)
-    final_env = make_env(part, num_envs=args.eval_envs, seed=seed + 2000, max_episode_steps=1000)
+    final_env = make_env(part, num_envs=args.eval_envs, seed=seed + 2000, max_episode_steps=1000, **scale)
     finals = evaluate_all(final_env, 1000)
     outcomes = []
     for c in commands:
@@ -325,6 +326,7 @@ class JumpOutcome:
     train_minutes: float
     train_env_steps: int
     load_average: float
+    action_scale: float
     final: list = field(default_factory=list)
     note: str = ""
 
@@ -340,7 +342,7 @@ def jump_part(args: argparse.Namespace) -> JumpOutcome:
     import tempfile
 
     from waddle.algorithms.checkpoint import load_checkpoint
-    from waddle.algorithms.evaluation import evaluate_tasks
+    from waddle.algorithms.evaluation import evaluate_tasks, trained_env_options
     from waddle.algorithms.init_from import inherited_fields, load_weights
 
     seed = args.seeds[0]
@@ -351,11 +353,12 @@ def jump_part(args: argparse.Namespace) -> JumpOutcome:
         if not os.path.exists(path):
             walk_part("walk", seed, args)
     source = load_checkpoint(path)
+    options = trained_env_options(source)  # the walking policy's action scale (and sensor history) carry over
     torch.manual_seed(seed)
-    env = make_env("jump-mix", num_envs=args.num_envs, seed=seed)
+    env = make_env("jump-mix", num_envs=args.num_envs, seed=seed, **options)
     trainer = PPO(env, make_config("ppo", inherited_fields(source)), update_threads=UPDATE_THREADS)
     print(f"  [jump] from {path}: {load_weights(trainer, 'ppo', source, path=path).summary()}", flush=True)
-    check_env = make_env("jump-mix", num_envs=args.eval_envs, seed=seed + 1000)
+    check_env = make_env("jump-mix", num_envs=args.eval_envs, seed=seed + 1000, **options)
     jump_id = list(check_env.tasks.name).index("jump")
 
     reached, train_s, iteration, env_steps = None, 0.0, 0, 0
@@ -374,18 +377,28 @@ def jump_part(args: argparse.Namespace) -> JumpOutcome:
             )
             if reached is None and r.hop_height >= HOP_HEIGHT_TARGET and r.airborne_fraction >= AIRBORNE_TARGET:
                 reached = (train_s / 60.0, env_steps)
-    final_env = make_env("jump-mix", num_envs=args.eval_envs, seed=seed + 2000, max_episode_steps=1000)
+    final_env = make_env("jump-mix", num_envs=args.eval_envs, seed=seed + 2000, max_episode_steps=1000, **options)
     final = [r.as_dict() for r in evaluate_tasks(final_env, trainer.deterministic_policy(), max_steps=1000)]
     for closing in (env, check_env, final_env):
         closing.close()
     minutes, steps = reached if reached is not None else (train_s / 60.0, env_steps)
-    return JumpOutcome(path, reached is not None, minutes, steps, train_s / 60.0, env_steps, os.getloadavg()[0], final)
+    return JumpOutcome(
+        path,
+        reached is not None,
+        minutes,
+        steps,
+        train_s / 60.0,
+        env_steps,
+        os.getloadavg()[0],
+        options["action_scale"],
+        final,
+    )
 
 
 def print_jump(o: JumpOutcome) -> None:
     target = f"hops of >= {100 * HOP_HEIGHT_TARGET:.0f} cm airborne >= {100 * AIRBORNE_TARGET:.0f}% of the time"
     when = f"after {o.minutes:.1f} min, {o.env_steps:,} env steps" if o.reached else "not reached"
-    print(f"jump from {o.walk_checkpoint}: {target}: {when}")
+    print(f"jump from {o.walk_checkpoint} (action scale {o.action_scale:g} rad per unit): {target}: {when}")
     print(
         f"trained {o.train_minutes:.1f} min, {o.train_env_steps:,} env steps (load average {o.load_average:.1f}); "
         "1000-step episodes at the end:"
@@ -437,8 +450,17 @@ def main() -> None:
         action="store_true",
         help="standing, walk, speed-range: PPO collects the next rollout during the update (one iteration of lag)",
     )
+    parser.add_argument(
+        "--action-scale",
+        type=float,
+        default=TrainConfig().action_scale,
+        help="walk, speed-range: rad per unit of action (waddle train --action-scale); the jump part follows "
+        "its walking policy's",
+    )
     add_jump_arguments(parser)
     args = parser.parse_args()
+    if not (math.isfinite(args.action_scale) and args.action_scale > 0):
+        parser.error(f"--action-scale must be a finite number > 0 (rad per unit of action), got {args.action_scale}")
     torch.set_num_threads(1)  # the physics has its own threads; one torch thread is fastest on 2 busy cores
 
     cores, load = len(os.sched_getaffinity(0)), os.getloadavg()[0]
