@@ -401,8 +401,10 @@ def jump_task(
     velocity cost are off and the pose Gaussian is loose so the robot can
     crouch and extend; ``drift`` (-5) keeps the hop in place where the
     zero-command tracking Gaussian has saturated. The weak MicroDuck servos
-    allow hops of about 2 cm; sample this row more often (``weight=3.0``) when
-    mixing it with walking tasks.
+    cannot leave the floor at the default action scale (0.35 rad per unit);
+    from a walking policy trained at 1.0, PPO learns hops of about 1.9 cm
+    (docs/microduck.md, "Jumping: what the servos allow"). Sample this row
+    more often (``weight=3.0``) when mixing it with walking tasks.
     """
     return make_task(
         (0.0, 0.0),
