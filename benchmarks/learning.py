@@ -225,6 +225,23 @@ def format_command_outcome(o: CommandOutcome) -> str:
     return f"{o.part:<12} {o.seed:>4} {o.command:>5.2f} {reached} | {figures}"
 
 
+def save_run(directory: str, run: TrainConfig, trainer: PPO, env_steps: int, iteration: int, train_s: float) -> str:
+    """Write the trainer as ``directory/<task>-seed<N>.pt``, a checkpoint ``waddle eval`` reads."""
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, f"{run.task}-seed{run.seed}.pt")
+    save_checkpoint(
+        path,
+        algo="ppo",
+        config={"run": asdict(run), "algorithm": asdict(trainer.config)},
+        trainer_state=trainer.state_dict(),
+        env_steps=env_steps,
+        iteration=iteration,
+        wall_time_s=train_s,
+    )
+    print(f"  wrote {path} (waddle eval {path} --video ...)", flush=True)
+    return path
+
+
 def walk_part(part: str, seed: int, args: argparse.Namespace) -> list[CommandOutcome]:
     """Train ``--task part`` with ``waddle train``'s defaults; time each command's first hold, then evaluate."""
     torch.manual_seed(seed)
@@ -258,19 +275,8 @@ def walk_part(part: str, seed: int, args: argparse.Namespace) -> list[CommandOut
                 if c not in first and holds_command(r, c, tolerance):
                     first[c] = (train_s / 60.0, env_steps)
     if args.save:
-        os.makedirs(args.save, exist_ok=True)
-        path = os.path.join(args.save, f"{part}-seed{seed}.pt")
-        run = asdict(TrainConfig(task=part, num_envs=args.num_envs, total_steps=budget, seed=seed, **scale))
-        save_checkpoint(
-            path,
-            algo="ppo",
-            config={"run": run, "algorithm": asdict(trainer.config)},
-            trainer_state=trainer.state_dict(),
-            env_steps=env_steps,
-            iteration=iteration,
-            wall_time_s=train_s,
-        )
-        print(f"  wrote {path} (waddle eval {path} --video ...)", flush=True)
+        run = TrainConfig(task=part, num_envs=args.num_envs, total_steps=budget, seed=seed, **scale)
+        save_run(args.save, run, trainer, env_steps, iteration, train_s)
     final_env = make_env(part, num_envs=args.eval_envs, seed=seed + 2000, max_episode_steps=1000, **scale)
     finals = evaluate_all(final_env, 1000)
     outcomes = []
@@ -335,6 +341,13 @@ def add_jump_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--walk-checkpoint", metavar="PATH", help="jump: start from this walking policy")
     parser.add_argument("--jump-steps", type=int, default=JUMP_STEPS, help="jump: env steps after the walk")
     parser.add_argument("--jump-minutes", type=float, default=240.0, help="jump: stop after this much training")
+    parser.add_argument(
+        "--jump-max-episode-steps",
+        type=int,
+        default=TrainConfig().max_episode_steps,
+        help="jump: the training episodes' horizon (waddle train --max-episode-steps); the final evaluation "
+        "runs 1000 steps",
+    )
 
 
 def jump_part(args: argparse.Namespace) -> JumpOutcome:
@@ -355,7 +368,8 @@ def jump_part(args: argparse.Namespace) -> JumpOutcome:
     source = load_checkpoint(path)
     options = trained_env_options(source)  # the walking policy's action scale (and sensor history) carry over
     torch.manual_seed(seed)
-    env = make_env("jump-mix", num_envs=args.num_envs, seed=seed, **options)
+    horizon = args.jump_max_episode_steps
+    env = make_env("jump-mix", num_envs=args.num_envs, seed=seed, max_episode_steps=horizon, **options)
     trainer = PPO(env, make_config("ppo", inherited_fields(source)), update_threads=UPDATE_THREADS)
     print(f"  [jump] from {path}: {load_weights(trainer, 'ppo', source, path=path).summary()}", flush=True)
     check_env = make_env("jump-mix", num_envs=args.eval_envs, seed=seed + 1000, **options)
@@ -377,6 +391,16 @@ def jump_part(args: argparse.Namespace) -> JumpOutcome:
             )
             if reached is None and r.hop_height >= HOP_HEIGHT_TARGET and r.airborne_fraction >= AIRBORNE_TARGET:
                 reached = (train_s / 60.0, env_steps)
+    if args.save:
+        run = TrainConfig(
+            task="jump-mix",
+            num_envs=args.num_envs,
+            total_steps=args.jump_steps,
+            seed=seed,
+            max_episode_steps=horizon,
+            **options,
+        )
+        save_run(args.save, run, trainer, env_steps, iteration, train_s)
     final_env = make_env("jump-mix", num_envs=args.eval_envs, seed=seed + 2000, max_episode_steps=1000, **options)
     final = [r.as_dict() for r in evaluate_tasks(final_env, trainer.deterministic_policy(), max_steps=1000)]
     for closing in (env, check_env, final_env):
@@ -443,7 +467,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", metavar="PATH", help="also write the figures here")
     parser.add_argument(
-        "--save", metavar="DIR", help="walk, speed-range: write each run's final policy to DIR/<part>-seed<N>.pt"
+        "--save", metavar="DIR", help="walk, speed-range, jump: write each run's final policy to DIR/<task>-seed<N>.pt"
     )
     parser.add_argument(
         "--overlap-rollout",
@@ -461,6 +485,8 @@ def main() -> None:
     args = parser.parse_args()
     if not (math.isfinite(args.action_scale) and args.action_scale > 0):
         parser.error(f"--action-scale must be a finite number > 0 (rad per unit of action), got {args.action_scale}")
+    if args.jump_max_episode_steps <= 0:
+        parser.error(f"--jump-max-episode-steps must be a number of steps > 0, got {args.jump_max_episode_steps}")
     torch.set_num_threads(1)  # the physics has its own threads; one torch thread is fastest on 2 busy cores
 
     cores, load = len(os.sched_getaffinity(0)), os.getloadavg()[0]
