@@ -42,6 +42,7 @@ BUILT_IN_TERMS = {
     "hop_rhythm": (0.0, True),
     "launch": (0.0, True),
     "jump": (0.0, True),
+    "jump_height": (0.0, True),
     "heading_hold": (0.0, True),
     "termination": (-4.0, False),
 }
@@ -53,6 +54,7 @@ BUILT_IN_PARAMS = {
     "gait_progress_floor": 0.5,
     "heading_hold_std": 0.5,
     "hop_velocity_amplitude": 0.1,
+    "jump_height_scale": 0.03,
     "jump_target_height": 0.005,
     "launch_velocity_scale": 0.5,
     "pose_std": 0.5,
@@ -430,6 +432,16 @@ def test_jump():
     )
     # airborne 2 mm up: 0.002 / 0.005 = 0.4; 10 mm up: capped at 1; one foot down: 0
     assert_values(term("jump", features), [0.4, 1.0, 0.0])
+
+
+def test_jump_height():
+    features = make_features(
+        4,
+        base_height=[STANDING_HEIGHT + 0.015, STANDING_HEIGHT + 0.04, STANDING_HEIGHT + 0.02, STANDING_HEIGHT - 0.01],
+        contacts=[[False, False], [False, False], [False, True], [False, False]],
+    )
+    # airborne 1.5 cm up: 0.015 / 0.03 = 0.5; 4 cm up: capped at 1; one foot down: 0; below standing: 0
+    assert_values(term("jump_height", features), [0.5, 1.0, 0.0, 0.0])
 
 
 def test_termination():

@@ -543,6 +543,18 @@ def jump(features: Features, params: Features) -> torch.Tensor:
     return gain * airborne * _upright_gate(features)
 
 
+@register_reward("jump_height", weight=0.0, jump_height_scale=0.03)
+def jump_height(features: Features, params: Features) -> torch.Tensor:
+    """Height above standing with both feet off the floor over ``jump_height_scale``, in [0, 1].
+
+    ``jump`` saturates at a few millimetres so the first hop is paid in full;
+    this term keeps paying up to centimetres, so the hop has a reason to grow.
+    """
+    rise = ((features["base_height"] - features["standing_height"]) / params["jump_height_scale"]).clamp(0.0, 1.0)
+    airborne = (~features["contacts"].any(-1)).to(rise.dtype)
+    return rise * airborne * _upright_gate(features)
+
+
 @register_reward("heading_hold", weight=0.0, heading_hold_std=0.5)
 def heading_hold(features: Features, params: Features) -> torch.Tensor:
     """Gaussian of the heading change since reset: the command keeps the direction it had then."""

@@ -59,6 +59,7 @@ JUMP_REWARD_WEIGHTS: dict[str, float] = {
     "hop_rhythm": 1.0,
     "launch": 30.0,
     "jump": 10.0,
+    "jump_height": 10.0,
     "drift": -5.0,
     "lin_vel_z": 0.0,
 }
@@ -397,14 +398,16 @@ def jump_task(
     crouch-and-extend cycle from standing; ``launch`` (30) pays for upward
     velocity with both feet planted, up to take-off speed; ``jump`` (10) pays
     for height gained with both feet in the air, in full from 5 mm, so the
-    first real hop is reinforced hard. The gait terms and the vertical
-    velocity cost are off and the pose Gaussian is loose so the robot can
-    crouch and extend; ``drift`` (-5) keeps the hop in place where the
-    zero-command tracking Gaussian has saturated. The weak MicroDuck servos
-    cannot leave the floor at the default action scale (0.35 rad per unit);
-    from a walking policy trained at 1.0, PPO learns hops of about 1.9 cm
-    (docs/microduck.md, "Jumping: what the servos allow"). Sample this row
-    more often (``weight=3.0``) when mixing it with walking tasks.
+    first real hop is reinforced hard; ``jump_height`` (10) keeps paying for
+    airborne height up to 3 cm, so the hop has a reason to grow past the
+    first millimetres. The gait terms and the vertical velocity cost are off
+    and the pose Gaussian is loose so the robot can crouch and extend;
+    ``drift`` (-5) keeps the hop in place where the zero-command tracking
+    Gaussian has saturated. The weak MicroDuck servos cannot leave the floor
+    at the default action scale (0.35 rad per unit); from a walking policy
+    trained at 1.0, PPO learns hops of about 3 cm (docs/microduck.md,
+    "Jumping: what the servos allow"). Sample this row more often
+    (``weight=3.0``) when mixing it with walking tasks.
     """
     return make_task(
         (0.0, 0.0),
