@@ -260,6 +260,26 @@ def test_evaluate_tasks_gives_one_row_per_task_with_hop_figures_for_the_jump_row
     assert jump.mean_forward_speed == 0.0
 
 
+def test_evaluate_tasks_films_the_first_row_or_the_named_task(monkeypatch):
+    from waddle.algorithms import evaluation
+
+    filmed = []
+    real = evaluation.evaluate
+
+    def recording(env, policy, *, video_path=None, task_id=None, **kwargs):
+        if video_path is not None:
+            filmed.append(task_id)
+        return real(env, policy, task_id=task_id, **kwargs)
+
+    monkeypatch.setattr(evaluation, "evaluate", recording)
+    evaluation.evaluate_tasks(TwoTaskScriptedEnv(), RecordingPolicy(), video_path="run.mp4")
+    evaluation.evaluate_tasks(TwoTaskScriptedEnv(), RecordingPolicy(), video_path="run.mp4", video_task="jump")
+    assert filmed == [0, 1]
+    with pytest.raises(ValueError, match=r"video_task: 'hop' is not a task.*\['tracking\+0.20', 'jump'\]"):
+        evaluation.evaluate_tasks(TwoTaskScriptedEnv(), RecordingPolicy(), video_path="run.mp4", video_task="hop")
+    assert filmed == [0, 1]  # refused before anything ran
+
+
 def test_the_table_as_csv(tmp_path):
     import csv
 

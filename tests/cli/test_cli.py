@@ -435,6 +435,30 @@ def test_eval_runs_every_task_and_writes_the_csv(trained_mix, tmp_path, capsys):
     assert [row[1] for row in rows] == ["+0.00,+0.00"] * 4  # the one command, in every task
 
 
+def test_eval_video_task_must_name_a_task_of_the_library_and_come_with_video(trained_mix, tmp_path, capsys):
+    video = tmp_path / "jump.mp4"
+    argv = ["eval", str(trained_mix), "--episodes", "1", "--max-steps", "5", "--video", str(video)]
+    assert main([*argv, "--video-task", "hop"]) == 2
+    err = capsys.readouterr().err
+    assert "--video-task 'hop' is not a task" in err and "standing, tracking+0.20, sidestep+0.15, jump" in err
+    assert not video.exists()
+    assert main(["eval", str(trained_mix), "--video-task", "jump"]) == 2
+    assert "give --video PATH as well" in capsys.readouterr().err
+
+
+@pytest.mark.rendering
+def test_eval_video_task_films_that_task(trained_mix, tmp_path, capsys):
+    video = tmp_path / "jump.mp4"
+    argv = ["eval", str(trained_mix), "--episodes", "1", "--max-steps", "8", "--video", str(video)]
+    assert main([*argv, "--video-task", "jump"]) == 0
+    assert "(task jump, command +0.00, +0.00)" in capsys.readouterr().out
+    import imageio.v2 as imageio
+
+    reader = imageio.get_reader(video)
+    assert 1 <= reader.count_frames() <= 8
+    reader.close()
+
+
 def test_eval_refuses_a_checkpoint_of_another_library(trained_mix, tmp_path, capsys):
     checkpoint = torch.load(trained_mix / "checkpoint.pt", weights_only=True)
     checkpoint["config"]["run"]["task"] = "jump-mix"  # as if its config named another library

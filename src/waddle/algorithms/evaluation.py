@@ -400,6 +400,7 @@ def evaluate_tasks(
     *,
     command: tuple[float, float] | None = None,
     video_path: str | Path | None = None,
+    video_task: str | None = None,
     max_steps: int | None = None,
 ) -> list[EvaluationResult]:
     """:func:`evaluate` every task of ``env``'s library, each under each of its commands.
@@ -416,16 +417,23 @@ def evaluate_tasks(
         policy: as for :func:`evaluate`.
         command: evaluate only this planar command, in every task.
         video_path: film env 0 of the first row to this mp4 file.
+        video_task: film the first row of the task of this name instead.
         max_steps: as for :func:`evaluate`.
+
+    Raises:
+        ValueError: ``video_task`` is not a task of the library.
     """
     tasks = env.tasks
     names = [tasks.name] if isinstance(tasks.name, str) else list(tasks.name)
+    filmed = names[0] if video_task is None else video_task
+    if filmed not in names:
+        raise ValueError(f"video_task: {video_task!r} is not a task of this library; its tasks are {names}")
     hopping = hop_tasks(tasks)
     results = []
     for index, name in enumerate(names):
         commands = [command] if command is not None else task_commands(tasks[index : index + 1])
-        for pinned in commands:
-            video = video_path if not results else None
+        for number, pinned in enumerate(commands):
+            video = video_path if name == filmed and number == 0 else None
             result = evaluate(env, policy, command=pinned, task_id=index, video_path=video, max_steps=max_steps)
             results.append(dataclasses.replace(result, task=name, hop_task=hopping[index]))
     return results

@@ -47,6 +47,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="episodes per task and command, run side by side (default 16)",
     )
     parser.add_argument("--video", metavar="PATH", help="write an mp4 of the first env's episode here")
+    parser.add_argument(
+        "--video-task",
+        metavar="NAME",
+        help="film this task of the library (default: the first row of the table); needs --video",
+    )
     parser.add_argument("--csv", metavar="PATH", help="also write the table here, one row per task and command")
     parser.add_argument(
         "--max-steps", type=int, default=1000, metavar="N", help="episode length in steps (default 1000 = 20 s)"
@@ -105,6 +110,9 @@ def run(args: argparse.Namespace) -> int:
     if args.command is not None and not all(math.isfinite(v) for v in args.command):
         print(f"waddle eval: error: --command must be two finite speeds in m/s, got {args.command}", file=sys.stderr)
         return 2
+    if args.video_task is not None and not args.video:
+        print("waddle eval: error: --video-task names the task to film; give --video PATH as well", file=sys.stderr)
+        return 2
     path = checkpoint_path(args.checkpoint)
     try:
         checkpoint = load_checkpoint(path)
@@ -133,8 +141,19 @@ def run(args: argparse.Namespace) -> int:
         print(f"waddle eval: error: {path} cannot be evaluated: {str(err).splitlines()[0]}", file=sys.stderr)
         return 1
     command = None if args.command is None else tuple(args.command)
+    names = [env.tasks.name] if isinstance(env.tasks.name, str) else list(env.tasks.name)
+    if args.video_task is not None and args.video_task not in names:
+        env.close()
+        print(
+            f"waddle eval: error: --video-task {args.video_task!r} is not a task of this checkpoint's library; "
+            f"its tasks are {', '.join(names)}",
+            file=sys.stderr,
+        )
+        return 2
     try:
-        results = evaluate_tasks(env, policy, command=command, video_path=args.video, max_steps=args.max_steps)
+        results = evaluate_tasks(
+            env, policy, command=command, video_path=args.video, video_task=args.video_task, max_steps=args.max_steps
+        )
     finally:
         env.close()
     trained = f"{checkpoint['algo']}, task {run_config['task']}, {checkpoint['env_steps']} env steps"
@@ -155,8 +174,8 @@ def run(args: argparse.Namespace) -> int:
         write_csv(results, args.csv)
         print(f"table: {args.csv}")
     if args.video:
-        first = results[0]
-        print(f"video: {args.video} (task {first.task}, command {first.command[0]:+.2f}, {first.command[1]:+.2f})")
+        filmed = next(r for r in results if args.video_task in (None, r.task))
+        print(f"video: {args.video} (task {filmed.task}, command {filmed.command[0]:+.2f}, {filmed.command[1]:+.2f})")
     return 0
 
 
