@@ -32,6 +32,7 @@ from typing import Any
 
 from waddle.algorithms.checkpoint import CheckpointError, load_checkpoint
 from waddle.algorithms.presets import ACTOR_OBSERVATIONS, BACKENDS, RANDOMIZATIONS
+from waddle.algorithms.task_library import task_library
 from waddle.files import atomic_write
 
 
@@ -141,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"waddle eval: error: {path} cannot be evaluated: {str(err).splitlines()[0]}", file=sys.stderr)
         return 1
     command = None if args.command is None else tuple(args.command)
-    names = [env.tasks.name] if isinstance(env.tasks.name, str) else list(env.tasks.name)
+    names = task_library(env)
     if args.video_task is not None and args.video_task not in names:
         env.close()
         print(

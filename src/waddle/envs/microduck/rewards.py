@@ -535,12 +535,17 @@ def launch(features: Features, params: Features) -> torch.Tensor:
     return upward * planted * _upright_gate(features)
 
 
+def _airborne_rise(features: Features, scale: torch.Tensor) -> torch.Tensor:
+    """Height above standing over ``scale``, in [0, 1], while both feet are off the floor and upright."""
+    rise = ((features["base_height"] - features["standing_height"]) / scale).clamp(0.0, 1.0)
+    airborne = (~features["contacts"].any(-1)).to(rise.dtype)
+    return rise * airborne * _upright_gate(features)
+
+
 @register_reward("jump", weight=0.0, jump_target_height=0.005)
 def jump(features: Features, params: Features) -> torch.Tensor:
     """Height above standing with both feet off the floor, full from ``jump_target_height`` on."""
-    gain = ((features["base_height"] - features["standing_height"]) / params["jump_target_height"]).clamp(0.0, 1.0)
-    airborne = (~features["contacts"].any(-1)).to(gain.dtype)
-    return gain * airborne * _upright_gate(features)
+    return _airborne_rise(features, params["jump_target_height"])
 
 
 @register_reward("jump_height", weight=0.0, jump_height_scale=0.03)
@@ -550,9 +555,7 @@ def jump_height(features: Features, params: Features) -> torch.Tensor:
     ``jump`` saturates at a few millimetres so the first hop is paid in full;
     this term keeps paying up to centimetres, so the hop has a reason to grow.
     """
-    rise = ((features["base_height"] - features["standing_height"]) / params["jump_height_scale"]).clamp(0.0, 1.0)
-    airborne = (~features["contacts"].any(-1)).to(rise.dtype)
-    return rise * airborne * _upright_gate(features)
+    return _airborne_rise(features, params["jump_height_scale"])
 
 
 @register_reward("heading_hold", weight=0.0, heading_hold_std=0.5)
