@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from waddle.cli.main import main
+from waddle.envs.microduck import MicroDuckRandomization
 from waddle.files import default_file_mode
 
 TINY = [
@@ -370,6 +371,56 @@ def test_the_training_episode_horizon_is_a_flag_recorded_in_the_checkpoint(tmp_p
     assert "note: the policy trained on episodes" not in capsys.readouterr().out
     assert main(["eval", str(out), "--episodes", "2", "--max-steps", "9"]) == 0
     assert "note: the policy trained on episodes of 8 steps; past step 8" in capsys.readouterr().out
+
+
+def test_push_scale_trains_on_harder_pushes_while_eval_and_export_keep_the_preset(tmp_path, capsys, monkeypatch):
+    import waddle.cli.train as train_cli
+
+    drawn = []
+    build = train_cli.make_env
+
+    def recording_make_env(*args, **kwargs):
+        drawn.append(kwargs["randomization"])
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(train_cli, "make_env", recording_make_env)
+    out = tmp_path / "run"
+    argv = ["train", "--task", "walk", "--total-steps", "256", *TINY, "--video-frames", "0"]
+    assert main([*argv, "--out", str(out), "--randomization", "upstream", "--push-scale", "1.5"]) == 0
+    # upstream kicks the trunk by up to 0.3 m/s per axis; the training env's kicks reach half again as far.
+    assert drawn[0].push_velocity == pytest.approx((-0.45, 0.45))
+    assert drawn[0].replace(push_velocity=(-0.3, 0.3)) == MicroDuckRandomization.preset("upstream")
+    assert torch.load(out / "checkpoint.pt", weights_only=True)["config"]["run"]["push_scale"] == 1.5
+    capsys.readouterr()
+    assert main(["eval", str(out), "--episodes", "2", "--max-steps", "4"]) == 0
+    printed = capsys.readouterr().out
+    assert "envs drawn with randomization 'upstream'" in printed
+    assert "note: the policy trained on pushes 1.5 times as hard as the 'upstream' preset's" in printed
+    onnx = tmp_path / "policy.onnx"
+    assert main(["export", str(out), "--onnx", str(onnx), "--samples", "4"]) == 0
+    training = json.loads(onnx.with_suffix(".json").read_text())["training"]
+    assert (training["randomization"], training["push_scale"]) == ("upstream", 1.5)
+    # Without the flag the training env draws the preset by name, as every run did before the option.
+    drawn.clear()
+    assert main([*argv, "--out", str(tmp_path / "plain"), "--randomization", "upstream"]) == 0
+    assert drawn[0] == "upstream"
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--push-scale", "1.5"], r"push_scale: a push scale of 1\.5 needs a randomization that pushes"),
+        (["--randomization", "upstream", "--push-scale", "0"], r"push_scale: push scale must be a finite number > 0"),
+        (["--randomization", "upstream", "--push-scale", "nan"], r"push scale must be a finite number > 0, got nan"),
+    ],
+)
+def test_a_push_scale_that_cannot_apply_is_refused_naming_it(flags, message, tmp_path):
+    from waddle.cli.main import build_parser
+    from waddle.cli.train import resolve_config
+
+    args = build_parser().parse_args(["train", "--out", str(tmp_path / "run"), *flags])
+    with pytest.raises(ValueError, match=message):
+        resolve_config(args)
 
 
 @pytest.mark.parametrize("steps", ["0", "-5"])

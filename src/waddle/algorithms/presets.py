@@ -24,6 +24,7 @@ from waddle.algorithms.trainer import Trainer
 from waddle.collectors.rollout import split_envs
 from waddle.envs.microduck import MicroDuckEnv, MicroDuckTask
 from waddle.envs.microduck.randomization import PRESETS as RANDOMIZATION_PRESETS
+from waddle.envs.microduck.randomization import MicroDuckRandomization
 from waddle.physics import BACKENDS as PHYSICS_BACKENDS
 from waddle.physics import backend_class, differentiable_backends
 
@@ -241,6 +242,7 @@ ADDED_ALGORITHM_FIELDS: dict[str, dict[str, Any]] = {
 
 ADDED_RUN_FIELDS: dict[str, Any] = {
     "randomization": "none",
+    "push_scale": 1.0,
     "sensor_history": 1,
     "action_scale": 0.35,
     "max_episode_steps": 500,
@@ -253,6 +255,27 @@ a checkpoint without the field was trained with (no field: no randomization)."""
 
 RANDOMIZATIONS: tuple[str, ...] = tuple(RANDOMIZATION_PRESETS)
 """``--randomization`` names: presets of :class:`~waddle.envs.microduck.MicroDuckRandomization`."""
+
+
+def training_randomization(name: str, push_scale: float = 1.0) -> str | MicroDuckRandomization:
+    """What a training env draws: the preset ``name``, its pushes ``push_scale`` times as hard.
+
+    A scale of 1 gives the name itself, so such a run builds exactly the env
+    it built before the option existed.
+
+    Raises:
+        ValueError: ``name`` is not a preset, ``push_scale`` is not a finite
+            number > 0, or it is not 1 and the preset does not push.
+
+    Example:
+        >>> [round(v, 9) for v in training_randomization("upstream", 1.5).push_velocity]
+        [-0.45, 0.45]
+    """
+    _choice("randomization", name, RANDOMIZATIONS)
+    if push_scale == 1.0:
+        return name
+    return MicroDuckRandomization.preset(name).with_pushes_scaled(push_scale)
+
 
 ACTOR_OBSERVATIONS: tuple[str, ...] = ("full", "sensors")
 """``--actor-observation`` names: what a PPO actor reads (see ``waddle.algorithms.ppo.ACTOR_OBSERVATIONS``)."""

@@ -39,7 +39,7 @@ from torchrl.record.loggers import Logger
 
 from waddle.algorithms.checkpoint import atomic_write, save_checkpoint
 from waddle.algorithms.loggers import LOGGERS
-from waddle.algorithms.presets import RANDOMIZATIONS
+from waddle.algorithms.presets import RANDOMIZATIONS, training_randomization
 from waddle.algorithms.trainer import Trainer
 from waddle.collectors.rollout import COLLECTOR_BACKENDS, CollectorDiedError, split_envs
 
@@ -74,6 +74,9 @@ class TrainConfig:
     randomization: str = "none"
     """Domain randomization, latency and sensor noise of the training env: 'none' (the idealized robot) or
     'upstream' (the microduck_rl training's ranges; see docs/microduck.md)."""
+    push_scale: float = 1.0
+    """Training pushes are this many times as hard as the randomization's (its push kick range scaled; 'waddle
+    eval' and 'waddle export' keep the preset's): a margin on the pushes the policy will meet."""
     sensor_history: int = 1
     """Frames of the robot's readings, newest first, in the sensor observation a '--actor-observation sensors'
     actor reads (1: the latest only); a robot runtime keeps the same number (the export's sidecar says it)."""
@@ -131,6 +134,11 @@ class TrainConfig:
             )
         if self.randomization not in RANDOMIZATIONS:
             raise ValueError(f"randomization must be one of {', '.join(RANDOMIZATIONS)}; got {self.randomization!r}.")
+        if self.push_scale != 1.0:
+            try:
+                training_randomization(self.randomization, self.push_scale)
+            except ValueError as err:
+                raise ValueError(f"push_scale: {err}") from None
         if self.logger not in LOGGERS:
             raise ValueError(f"logger must be one of {', '.join(LOGGERS)}; got {self.logger!r}.")
         if self.collector_backend not in REMOTE_COLLECTOR_BACKENDS:

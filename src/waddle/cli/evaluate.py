@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
         trained_horizon,
         trained_randomization,
     )
-    from waddle.algorithms.presets import make_env
+    from waddle.algorithms.presets import make_env, upgrade_run_fields
 
     for flag, value in (("--episodes", args.episodes), ("--max-steps", args.max_steps)):
         if value is not None and value < 1:
@@ -164,6 +164,12 @@ def run(args: argparse.Namespace) -> int:
         f"{args.episodes} episodes of {args.max_steps} steps per task and command; "
         "speeds, drift and hops over the envs that did not fall"
     )
+    push_scale = float(upgrade_run_fields(run_config)["push_scale"])
+    if push_scale != 1.0:
+        print(
+            f"note: the policy trained on pushes {push_scale:g} times as hard as the "
+            f"{trained_randomization(checkpoint)!r} preset's; these envs draw the {randomization!r} preset as it is"
+        )
     horizon = trained_horizon(checkpoint)
     if args.max_steps > horizon:
         print(

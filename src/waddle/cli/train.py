@@ -47,6 +47,7 @@ from waddle.algorithms.presets import (
     make_env,
     make_trainer,
     task_algorithm_defaults,
+    training_randomization,
     upgrade_config_fields,
     upgrade_run_fields,
 )
@@ -385,7 +386,7 @@ def run(args: argparse.Namespace) -> int:
         device=args.device,
         # PPO logs each weighted reward term (reward/<term>) from the env's diagnostics.
         diagnostics=not algorithm.differentiable,
-        randomization=run_config.randomization,
+        randomization=training_randomization(run_config.randomization, run_config.push_scale),
         sensor_history=run_config.sensor_history,
         action_scale=run_config.action_scale,
         max_episode_steps=run_config.max_episode_steps,

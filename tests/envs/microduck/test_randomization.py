@@ -303,8 +303,18 @@ def test_imu_delay_and_late_joint_velocity_lag_the_readings_of_mujoco():
     env.close()
 
 
-def test_pushes_kick_the_trunk_velocity_at_their_interval():
-    config = {"push_velocity": (0.3, 0.3), "push_interval": (0.09, 0.09)}
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"push_velocity": (0.3, 0.3), "push_interval": (0.09, 0.09)},
+        # waddle train --push-scale 1.5 on a preset pushing 0.2 m/s: kicks of 0.3 m/s, at the same interval
+        MicroDuckRandomization.preset("none", push_velocity=(0.2, 0.2), push_interval=(0.09, 0.09)).with_pushes_scaled(
+            1.5
+        ),
+    ],
+    ids=["kick", "scaled-kick"],
+)
+def test_pushes_kick_the_trunk_velocity_at_their_interval(config):
     env = _env(config, num_envs=2)
     model = _nominal_model()
     td = env.reset()
@@ -492,6 +502,20 @@ def test_delay_line_returns_the_value_pushed_k_steps_ago():
 def test_bad_ranges_are_refused_with_the_reason(overrides, message):
     with pytest.raises(ValueError, match=message):
         MicroDuckRandomization.preset("none", **overrides)
+
+
+@pytest.mark.parametrize(
+    ("preset", "scale", "message"),
+    [
+        ("upstream", 0.0, r"push scale must be a finite number > 0, got 0\.0"),
+        ("upstream", -1.5, r"push scale must be a finite number > 0, got -1\.5"),
+        ("upstream", math.nan, r"push scale must be a finite number > 0, got nan"),
+        ("none", 1.5, r"a push scale of 1\.5 needs a randomization that pushes \(push_velocity is \(0\.0, 0\.0\)\)"),
+    ],
+)
+def test_a_push_scale_that_cannot_apply_is_refused_with_the_reason(preset, scale, message):
+    with pytest.raises(ValueError, match=message):
+        MicroDuckRandomization.preset(preset).with_pushes_scaled(scale)
 
 
 def test_bad_randomization_arguments_name_what_is_accepted():

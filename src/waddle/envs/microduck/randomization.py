@@ -161,6 +161,30 @@ class MicroDuckRandomization:
             raise ValueError(f"unknown randomization parameter(s) {unknown}; accepted names: {self.names()}.")
         return dataclasses.replace(self, **overrides)
 
+    def with_pushes_scaled(self, scale: float) -> MicroDuckRandomization:
+        """A copy whose push kicks are ``scale`` times as hard (``push_velocity`` scaled; intervals kept).
+
+        Training on harder pushes than the robot will meet buys a margin on the
+        preset's own pushes (``waddle train --push-scale``).
+
+        Raises:
+            ValueError: ``scale`` is not a finite number > 0, or this
+                randomization has no pushes to scale.
+
+        Example:
+            >>> [round(v, 9) for v in MicroDuckRandomization.preset("upstream").with_pushes_scaled(1.5).push_velocity]
+            [-0.45, 0.45]
+        """
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (math.isfinite(scale) and scale > 0):
+            raise ValueError(f"push scale must be a finite number > 0, got {scale!r}.")
+        if not self.pushes:
+            raise ValueError(
+                f"a push scale of {scale} needs a randomization that pushes (push_velocity is {self.push_velocity}); "
+                "the 'upstream' preset does."
+            )
+        low, high = self.push_velocity
+        return self.replace(push_velocity=(low * scale, high * scale))
+
     @property
     def active(self) -> bool:
         """Whether anything differs from the idealized robot (the ``"none"`` preset)."""
