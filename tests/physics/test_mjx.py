@@ -186,3 +186,54 @@ def test_batch_chunks_must_divide_the_envs(ball_arm):
         MjxBackend(ball_arm, num_envs=3, frame_skip=1, requires_grad=True, batch_chunks=2)
     with pytest.raises(ValueError, match="backend='mjx': batch_chunks must be 'auto' or a positive integer"):
         MjxBackend(ball_arm, num_envs=3, frame_skip=1, batch_chunks="all")
+
+
+def test_the_backward_pass_of_the_differentiable_step_calls_no_lapack_kernel(ball_arm):
+    """jaxlib 0.10's batched LAPACK kernels split their batch over XLA's CPU thread pool and block until
+    the parts are done. A backward pass holding several independent ones (a Cholesky's) filled a 2-core
+    pool with waiting kernels: the MicroDuck's first SHAC window at 64 envs never returned. The implicit
+    solve's backward pass is a product by a saved inverse, with no LAPACK call left to wait."""
+    import jax
+    import jax.numpy as jnp
+    from mujoco import mjx
+
+    from waddle.physics import mjx_implicit
+
+    mjx_model = mjx.put_model(ball_arm)
+    qpos, qvel = ball_arm_start(ball_arm)
+    data = mjx.make_data(ball_arm).replace(qpos=jnp.asarray(qpos[0]), qvel=jnp.asarray(qvel[0]))
+
+    def accelerations(ctrl):  # two envs, as the backend vmaps them
+        return jax.vmap(lambda c: mjx_implicit.step(mjx_model, data.replace(ctrl=c)).qacc)(ctrl)
+
+    ctrl = jnp.full((2, ball_arm.nu), 0.3)
+    out, backward = jax.vjp(accelerations, ctrl)
+    forward_program = jax.jit(accelerations).lower(ctrl).as_text()
+    backward_program = jax.jit(lambda vjp, cotangent: vjp(cotangent)).lower(backward, jnp.ones_like(out)).as_text()
+    assert "lapack_" in forward_program  # MJX's converged Newton solve: the check sees LAPACK calls
+    assert "lapack_" not in backward_program
+
+
+def test_the_lapack_free_inverse_matches_numpy_on_a_positive_definite_matrix():
+    import jax
+    import jax.numpy as jnp
+
+    from waddle.physics.mjx_implicit import spd_inverse
+
+    factor = np.random.default_rng(0).normal(size=(20, 20))
+    matrix = factor @ factor.T + 0.5 * np.eye(20)  # the MicroDuck's nv, conditioned ~1e3
+    with jax.enable_x64(True):
+        got = np.asarray(jax.jit(jax.vmap(spd_inverse))(jnp.asarray(np.stack([matrix, 2.0 * matrix]))))
+    np.testing.assert_allclose(got[0], np.linalg.inv(matrix), rtol=0, atol=1e-9)
+    np.testing.assert_allclose(got[1], 0.5 * np.linalg.inv(matrix), rtol=0, atol=1e-9)
+
+
+def test_auto_row_blocks_leave_a_model_with_constraints_in_one_block(ball_arm):
+    from waddle.bridge import auto_batch_chunks
+
+    pendulum = mujoco.MjModel.from_xml_string(PENDULUM_XML)  # no contact, limit or friction: no solve
+    free = MjxBackend(pendulum, num_envs=16, frame_skip=1, requires_grad=True)
+    constrained = MjxBackend(ball_arm, num_envs=16, frame_skip=1, requires_grad=True)
+    assert free.batch_chunks == auto_batch_chunks(16, "cpu")
+    assert constrained.batch_chunks == 1  # its Newton solve calls LAPACK (see the test above)
+    assert MjxBackend(ball_arm, num_envs=16, frame_skip=1, requires_grad=True, batch_chunks=2).batch_chunks == 2

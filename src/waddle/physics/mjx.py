@@ -101,9 +101,13 @@ class MjxBackend(PhysicsBackend):
         batch_chunks: with ``requires_grad=True``, run the differentiable
             step as this many equal row blocks of the batch at once, one
             thread each (see :class:`waddle.bridge.JaxFunction`); it must
-            divide ``num_envs``. ``"auto"`` (default): one block per usable
-            core, at least 8 envs each, on a CPU (XLA alone keeps about 1.3
-            cores busy with a vmapped step); 1 on a GPU.
+            divide ``num_envs``. ``"auto"`` (default): on a CPU, one block
+            per usable core, at least 8 envs each (XLA alone keeps about 1.3
+            cores busy with a vmapped step), for a model without
+            constraints; 1 for a model with constraints (contacts, joint
+            friction loss, limits: the MicroDuck), whose Newton solve calls
+            LAPACK kernels that deadlock jaxlib 0.10's CPU thread pool when
+            several blocks run them at once; 1 on a GPU.
         compiler_options: XLA compiler options for the backend's ``jax.jit``
             programs. On a CPU, ``{"xla_llvm_disable_expensive_passes": True}``
             compiles ~40% faster with the same results. Avoid
@@ -144,6 +148,11 @@ class MjxBackend(PhysicsBackend):
         with self._jax_scope():
             self._mx = mjx.put_model(self.model, device=self._jax_device, impl="jax")
             self._d0 = mjx.make_data(self._mx, device=self._jax_device, impl="jax")
+            if batch_chunks == "auto" and self._d0._impl.efc_J.size:
+                # A model with constraints runs MJX's Newton solve, whose batched LAPACK kernels (jaxlib
+                # 0.10) split their batch over XLA's CPU thread pool and wait for the parts: programs of
+                # several row blocks fill a 2-core pool with waiting kernels, and the step never returns.
+                self.batch_chunks = 1
             self._build_functions()
 
         self._outputs: dict[str, torch.Tensor] = {}

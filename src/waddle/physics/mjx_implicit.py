@@ -16,9 +16,12 @@ through a while loop. :func:`step` is ``mjx.step`` with the solve split in two:
   the converged solution. Its value is discarded (``a* + (step - stop(step))``)
   so the forward pass stays bit-exact.
 
-The cost of a differentiable step is the plain step, plus one Cholesky
-factorisation and its backward, instead of differentiating through every
-solver and line-search iteration. Where the active constraint set changes
+``H`` is held constant (its derivative multiplies ``g(a*) = 0`` too), formed
+by forward mode and inverted in the forward pass. The cost of a
+differentiable step is the plain step plus that Hessian and its inverse;
+the backward pass through the solve is a product by the saved inverse,
+instead of a differentiation through every solver and line-search
+iteration. Where the active constraint set changes
 (contact made or broken) the derivative is that of the active piece, as for
 any derivative of MuJoCo's solver.
 
@@ -32,6 +35,7 @@ against MuJoCo C).
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 from mujoco.mjx._src import forward as mjx_forward
 from mujoco.mjx._src import sensor as mjx_sensor
 from mujoco.mjx._src import solver as mjx_solver
@@ -43,6 +47,30 @@ def _value_of_first_gradient_of_second(value, differentiable):
     return jax.lax.stop_gradient(value) + (differentiable - jax.lax.stop_gradient(differentiable))
 
 
+def spd_inverse(matrix):
+    """The inverse of a symmetric positive-definite ``(n, n)`` matrix by Gauss-Jordan elimination.
+
+    Plain XLA operations (no LAPACK call, see :func:`solve`); without pivoting,
+    which a positive-definite matrix does not need.
+    """
+    n = matrix.shape[-1]
+    augmented = jnp.concatenate([matrix, jnp.eye(n, dtype=matrix.dtype)], axis=-1)
+
+    def eliminate(k, rows):
+        pivot_row = rows[k] / rows[k, k]
+        rows = rows - jnp.outer(rows[:, k], pivot_row)
+        return rows.at[k].set(pivot_row)
+
+    return jax.lax.fori_loop(0, n, eliminate, augmented)[:, n:]
+
+
+def _cost_gradient(m, d, qacc):
+    """The gradient of the solver's cost at ``qacc`` (``M qacc - qfrc_smooth - qfrc_constraint``, as MJX's
+    Newton solver forms it) and the constraint context it was read from."""
+    context = mjx_solver.Context.create(m, d.replace(qacc=qacc), grad=False)
+    return context.Ma - d.qfrc_smooth - context.qfrc_constraint, context
+
+
 def solve(m, d):
     """MJX's constraint solve (value) with the implicit derivative of its solution (gradient)."""
     if m.opt.solver != SolverType.NEWTON:
@@ -51,8 +79,17 @@ def solve(m, d):
             "set <option solver='Newton'/> in the model."
         )
     converged = mjx_solver.solve(m, jax.lax.stop_gradient(d))
-    at_solution = mjx_solver.Context.create(m, d.replace(qacc=jax.lax.stop_gradient(converged.qacc)))
-    newton_qacc = at_solution.qacc - at_solution.Mgrad
+    solution = jax.lax.stop_gradient(converged.qacc)
+    gradient, _ = _cost_gradient(m, d, solution)
+    # The cost's Hessian on the active constraints at the solution, held constant: its own derivative
+    # multiplies g(a*) = 0. Formed by forward mode and inverted in plain XLA operations, so the backward
+    # pass is a product by a saved matrix and the derivative adds no LAPACK call. jaxlib 0.10's batched
+    # LAPACK kernels split their batch over XLA's CPU thread pool and wait for the parts; the several
+    # independent solves of a Cholesky's backward pass filled a 2-core pool with waiting kernels, and
+    # the step never returned.
+    hessian = jax.lax.stop_gradient(jax.jacfwd(lambda qacc: _cost_gradient(m, d, qacc)[0])(solution))
+    inverse = jax.lax.stop_gradient(spd_inverse(0.5 * (hessian + hessian.T)))
+    newton_qacc = solution - inverse @ gradient
     newton = mjx_solver.Context.create(m, d.replace(qacc=newton_qacc), grad=False)
     return d.tree_replace(
         {
@@ -93,4 +130,4 @@ def step(m, d):
     return integrate(m, forward(m, d))
 
 
-__all__ = ["forward", "solve", "step"]
+__all__ = ["forward", "solve", "spd_inverse", "step"]
