@@ -65,10 +65,10 @@ def spd_inverse(matrix):
 
 
 def _cost_gradient(m, d, qacc):
-    """The gradient of the solver's cost at ``qacc`` (``M qacc - qfrc_smooth - qfrc_constraint``, as MJX's
-    Newton solver forms it) and the constraint context it was read from."""
+    """The gradient of the solver's cost at ``qacc``: ``M qacc - qfrc_smooth - qfrc_constraint``, as MJX's
+    Newton solver forms it."""
     context = mjx_solver.Context.create(m, d.replace(qacc=qacc), grad=False)
-    return context.Ma - d.qfrc_smooth - context.qfrc_constraint, context
+    return context.Ma - d.qfrc_smooth - context.qfrc_constraint
 
 
 def solve(m, d):
@@ -80,14 +80,14 @@ def solve(m, d):
         )
     converged = mjx_solver.solve(m, jax.lax.stop_gradient(d))
     solution = jax.lax.stop_gradient(converged.qacc)
-    gradient, _ = _cost_gradient(m, d, solution)
+    gradient = _cost_gradient(m, d, solution)
     # The cost's Hessian on the active constraints at the solution, held constant: its own derivative
     # multiplies g(a*) = 0. Formed by forward mode and inverted in plain XLA operations, so the backward
     # pass is a product by a saved matrix and the derivative adds no LAPACK call. jaxlib 0.10's batched
     # LAPACK kernels split their batch over XLA's CPU thread pool and wait for the parts; the several
     # independent solves of a Cholesky's backward pass filled a 2-core pool with waiting kernels, and
     # the step never returned.
-    hessian = jax.lax.stop_gradient(jax.jacfwd(lambda qacc: _cost_gradient(m, d, qacc)[0])(solution))
+    hessian = jax.lax.stop_gradient(jax.jacfwd(lambda qacc: _cost_gradient(m, d, qacc))(solution))
     inverse = jax.lax.stop_gradient(spd_inverse(0.5 * (hessian + hessian.T)))
     newton_qacc = solution - inverse @ gradient
     newton = mjx_solver.Context.create(m, d.replace(qacc=newton_qacc), grad=False)
