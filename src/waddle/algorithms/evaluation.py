@@ -59,6 +59,12 @@ def trained_horizon(checkpoint: Mapping[str, Any]) -> int:
     return int(upgrade_run_fields(run if isinstance(run, Mapping) else {})["max_episode_steps"])
 
 
+def trained_push_scale(checkpoint: Mapping[str, Any]) -> float:
+    """How many times as hard as its randomization's the checkpoint's training pushes were (1 for older ones)."""
+    run = checkpoint.get("config", {}).get("run")
+    return float(upgrade_run_fields(run if isinstance(run, Mapping) else {})["push_scale"])
+
+
 POLICY_ENV_FIELDS: tuple[str, ...] = ("sensor_history", "action_scale")
 """Run-config fields that are also MicroDuckEnv options a policy depends on: what it reads (the stack of
 sensor frames) and what its action means (radians per unit). Every env a policy runs in takes them as trained."""

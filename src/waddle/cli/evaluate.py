@@ -100,9 +100,10 @@ def run(args: argparse.Namespace) -> int:
         policy_from_checkpoint,
         trained_env_options,
         trained_horizon,
+        trained_push_scale,
         trained_randomization,
     )
-    from waddle.algorithms.presets import make_env, upgrade_run_fields
+    from waddle.algorithms.presets import make_env
 
     for flag, value in (("--episodes", args.episodes), ("--max-steps", args.max_steps)):
         if value is not None and value < 1:
@@ -164,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
         f"{args.episodes} episodes of {args.max_steps} steps per task and command; "
         "speeds, drift and hops over the envs that did not fall"
     )
-    push_scale = float(upgrade_run_fields(run_config)["push_scale"])
+    push_scale = trained_push_scale(checkpoint)
     if push_scale != 1.0:
         print(
             f"note: the policy trained on pushes {push_scale:g} times as hard as the "

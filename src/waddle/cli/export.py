@@ -153,9 +153,10 @@ def run(args: argparse.Namespace) -> int:
         observation_key,
         policy_from_checkpoint,
         trained_env_options,
+        trained_push_scale,
         trained_randomization,
     )
-    from waddle.algorithms.presets import make_env, upgrade_run_fields
+    from waddle.algorithms.presets import make_env
     from waddle.deploy.contract import default_sidecar_path
     from waddle.deploy.sidecar import build_sidecar, write_sidecar
 
@@ -201,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
             "algo": checkpoint["algo"],
             "task": run_config["task"],
             "randomization": randomization,
-            "push_scale": float(upgrade_run_fields(run_config)["push_scale"]),
+            "push_scale": trained_push_scale(checkpoint),
             "actor_observation": "sensors" if key == "sensor_observation" else "full",
             **env_options,
             "env_steps": int(checkpoint["env_steps"]),

@@ -21,9 +21,9 @@ by forward mode and inverted in the forward pass. The cost of a
 differentiable step is the plain step plus that Hessian and its inverse;
 the backward pass through the solve is a product by the saved inverse,
 instead of a differentiation through every solver and line-search
-iteration. Where the active constraint set changes
-(contact made or broken) the derivative is that of the active piece, as for
-any derivative of MuJoCo's solver.
+iteration. Where the active constraint set changes (contact made or
+broken) the derivative is that of the active piece, as for any derivative
+of MuJoCo's solver.
 
 This reaches into MJX's private solver helpers (``mujoco.mjx._src``); the
 composition follows ``mujoco.mjx._src.forward.step`` of MuJoCo 3.7, and the
@@ -88,8 +88,7 @@ def solve(m, d):
     # independent solves of a Cholesky's backward pass filled a 2-core pool with waiting kernels, and
     # the step never returned.
     hessian = jax.lax.stop_gradient(jax.jacfwd(lambda qacc: _cost_gradient(m, d, qacc))(solution))
-    inverse = jax.lax.stop_gradient(spd_inverse(0.5 * (hessian + hessian.T)))
-    newton_qacc = solution - inverse @ gradient
+    newton_qacc = solution - spd_inverse(0.5 * (hessian + hessian.T)) @ gradient
     newton = mjx_solver.Context.create(m, d.replace(qacc=newton_qacc), grad=False)
     return d.tree_replace(
         {
