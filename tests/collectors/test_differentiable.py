@@ -106,6 +106,25 @@ def test_graph_reaches_the_policy_and_matches_hand_written_dynamics(normalize):
         torch.testing.assert_close(policy_obs, normalizer(obs0))
 
 
+def test_a_policy_of_another_dtype_reads_its_own_and_the_env_gets_its_own():
+    # The case of a float64 MJX env under float32 networks, with the dtypes swapped: the point env is float32.
+    env = DiffPointEnv(3, max_steps=100, ctrl_cost=0.1)
+    policy = make_linear_policy(2, 1, seed=0, dtype=torch.float64)
+    reference_net = copy.deepcopy(policy.module)
+    collector = DifferentiableCollector(env, policy, "cpu")
+    obs0 = collector.reset(seed=0)
+    rollout = collector.collect(5)
+    (-rollout.rewards.sum()).backward()
+
+    assert obs0.dtype == rollout.observations.dtype == rollout.next_observations.dtype == torch.float64
+    assert env.vel.dtype == torch.float32  # the env stepped on float32 actions
+    expected_rewards = reference_rollout(env, reference_net, obs0, 5)  # the same dynamics in float64
+    (-expected_rewards.sum()).backward()
+    torch.testing.assert_close(rollout.rewards.double().detach(), expected_rewards.detach(), rtol=1e-5, atol=1e-6)
+    assert policy.module.weight.grad.abs().min() > 0
+    torch.testing.assert_close(policy.module.weight.grad, reference_net.weight.grad, rtol=1e-4, atol=1e-6)
+
+
 def test_stochastic_policy_is_reparameterised_and_deterministic_uses_the_mean():
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(2, 2), NormalParamExtractor())

@@ -225,6 +225,14 @@ class DifferentiableRollout:
         return ended_before == 0
 
 
+def _floating_parameter_dtype(module: nn.Module) -> torch.dtype | None:
+    """The dtype of ``module``'s first floating-point parameter (``None`` without one)."""
+    for parameter in module.parameters():
+        if parameter.is_floating_point():
+            return parameter.dtype
+    return None
+
+
 def _env_attribute(env: EnvBase, name: str) -> Any:
     """``env.name``, or ``None`` when the env has no such attribute.
 
@@ -319,6 +327,10 @@ class DifferentiableCollector:
         self.clip_actions_to_space = bool(clip_actions_to_space)
         self.action_adjoint_max_norm = float(action_adjoint_max_norm)
         self._extra_in_keys = [key for key in getattr(policy, "in_keys", ()) if key != "observation"]
+        # A float64 env (MJX's float64 physics) under a float32 policy: observations are cast to the
+        # policy's dtype on the way out and actions to the env's on the way in, both inside the graph.
+        self._policy_dtype = _floating_parameter_dtype(policy)
+        self._env_action_dtype = env.full_action_spec[self.layout.action_key].dtype
         self._root: TensorDictBase | None = None
         self._action_low: torch.Tensor | None = None
         self._action_high: torch.Tensor | None = None
@@ -415,11 +427,12 @@ class DifferentiableCollector:
             policy_output.set("action", action)
 
             env_input = self._root.copy()  # shallow: the carried tensors keep their graph
-            env_input.set(layout.action_key, self._to_env_device(layout.env_action(action)))
+            env_action = layout.env_action(action).to(self._env_action_dtype)
+            env_input.set(layout.action_key, self._to_env_device(env_action))
             stepped, self._root = self.env.step_and_maybe_reset(env_input)
             next_td = stepped.get("next")
             reward = layout.reward(next_td).to(self.device)
-            next_observation = layout.observation(next_td).to(self.device)
+            next_observation = self._to_policy(layout.observation(next_td))
             if action.requires_grad and not (reward.requires_grad or next_observation.requires_grad):
                 raise RuntimeError(
                     f"env {type(self.env).__name__} is not differentiable: its step returned an observation and a "
@@ -451,7 +464,12 @@ class DifferentiableCollector:
 
     def _observation(self) -> torch.Tensor:
         assert self._root is not None
-        return self.layout.observation(self._root).to(self.device)
+        return self._to_policy(self.layout.observation(self._root))
+
+    def _to_policy(self, observation: torch.Tensor) -> torch.Tensor:
+        if self._policy_dtype is None or not observation.is_floating_point():
+            return observation.to(self.device)
+        return observation.to(self.device, self._policy_dtype)
 
     def _cut_env_graph(self) -> None:
         cut = _env_attribute(self.env, "detach_state")
