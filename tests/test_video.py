@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import stat
+import warnings
 
 import numpy as np
 import pytest
@@ -48,3 +49,14 @@ def test_bad_input_is_refused_before_anything_is_written(tmp_path, frames, fps, 
     with pytest.raises(ValueError, match=match):
         write_video(tmp_path / "bad.mp4", frames, fps=fps)
     assert not list(tmp_path.iterdir())
+
+
+def test_writing_after_jax_started_its_threads_warns_of_no_fork(tmp_path):
+    # An MJX run films its policy at the end: JAX then warns at every fork, and the encoder is a subprocess.
+    jnp = pytest.importorskip("jax.numpy", reason="needs the mjx extra: pip install 'waddle[mjx]'")
+    jnp.ones(3).block_until_ready()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        write_video(tmp_path / "clip.mp4", np.zeros((3, 16, 16, 3), np.uint8), fps=10)
+    assert (tmp_path / "clip.mp4").stat().st_size > 0
+    assert not [w for w in caught if "fork" in str(w.message)]

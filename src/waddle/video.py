@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -39,7 +40,10 @@ def write_video(path: str | Path, frames: torch.Tensor | np.ndarray | Sequence, 
             f"write_video: frames must be (T, H, W, 3) uint8 with T >= 1, got {frames.dtype} {frames.shape}."
         )
     path = Path(path)
-    with atomic_path(path) as tmp:
+    with atomic_path(path) as tmp, warnings.catch_warnings():
+        # The encoder is a subprocess, which Python starts by fork and exec; after JAX has started its threads
+        # (an MJX run) Python warns about the fork, but exec follows at once and nothing of the parent runs.
+        warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
         with imageio.get_writer(
             tmp, format="FFMPEG", fps=fps, codec="libx264", macro_block_size=1, quality=7
         ) as writer:
