@@ -14,9 +14,11 @@ Four measurements, each from scratch, on the embedded model:
   episodes;
 * ``speed-range`` - the same for ``--task speed-range``, per command 0.1, 0.2
   and 0.3 m/s (tolerance 0.03 m/s);
-* ``shac`` - SHAC, MJX backend: env steps until the standing return of the
-  PPO policy from ``standing`` is reached (target: at least 10x fewer env
-  steps than PPO took);
+* ``shac`` - SHAC as ``waddle train --algo shac`` runs it (MJX, its envs,
+  episode length and config): env steps and minutes until the deterministic
+  policy's return on the native env reaches the one PPO's policy had when
+  ``standing`` was reached, against PPO's (target: at least 10x fewer env
+  steps), with SHAC's first-window (compilation) time and peak memory;
 * ``jump`` - the reference's jump recipe (not run by default): a walking
   policy (``--walk-checkpoint``, or the ``walk`` part's run of the first
   ``--seeds``), then PPO from its weights (``waddle train --init-from``) on
@@ -48,6 +50,7 @@ import argparse
 import json
 import math
 import os
+import resource
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -56,7 +59,13 @@ import torch
 from waddle.algorithms.checkpoint import save_checkpoint
 from waddle.algorithms.evaluation import EvaluationResult, evaluate, task_commands
 from waddle.algorithms.ppo import PPO, PPOConfig
-from waddle.algorithms.presets import TASK_TOTAL_STEPS, make_config, make_env, task_algorithm_defaults
+from waddle.algorithms.presets import (
+    TASK_TOTAL_STEPS,
+    algorithm_run_defaults,
+    make_config,
+    make_env,
+    task_algorithm_defaults,
+)
 from waddle.algorithms.runner import TrainConfig
 
 UPDATE_THREADS = len(os.sched_getaffinity(0))
@@ -110,13 +119,14 @@ def train_until(
     may_hold,
     eval_every: int,
     log_every_s: float = 30.0,
+    steps_limit: int | None = None,
 ) -> tuple[Outcome, object]:
-    """Iterate ``trainer`` until ``holds(evaluate(...))`` or ``minutes_limit`` of training."""
+    """Iterate ``trainer`` until ``holds(evaluate(...))``, ``minutes_limit`` of training or ``steps_limit`` env steps."""
     train_s = eval_s = 0.0
     iteration = 0
     last_log = time.monotonic()
     evaluation = None
-    while train_s < 60.0 * minutes_limit:
+    while train_s < 60.0 * minutes_limit and (steps_limit is None or iteration * steps_per_iteration < steps_limit):
         start = time.perf_counter()
         metrics = trainer.train_iteration()
         train_s += time.perf_counter() - start
@@ -141,6 +151,8 @@ def train_until(
                 return outcome, trainer
     last = evaluation.as_dict() if evaluation is not None else {}
     note = f"not reached within {minutes_limit} min of training"
+    if steps_limit is not None and iteration * steps_per_iteration >= steps_limit:
+        note = f"not reached within {steps_limit:,} env steps"
     env_steps = iteration * steps_per_iteration
     outcome = Outcome(part, False, train_s / 60, env_steps, iteration, eval_s / 60, last, note)
     print(f"  [{part}] done: {format_outcome(outcome)}", flush=True)
@@ -287,17 +299,49 @@ def walk_part(part: str, seed: int, args: argparse.Namespace) -> list[CommandOut
     return outcomes
 
 
-def shac_part(args: argparse.Namespace, target_return: float, ppo_steps: int) -> Outcome:
-    from waddle.algorithms.shac import SHAC, SHACConfig
+@dataclass
+class ShacCost:
+    """What SHAC's run cost besides env steps."""
+
+    first_window_s: float
+    """Wall-clock seconds of the first window: JAX compiles the differentiable step then."""
+    window_s: float
+    """Median wall-clock seconds of the later windows."""
+    peak_rss_gb: float
+    """Peak resident memory of this process, GB (the PPO part before it included)."""
+
+
+def shac_part(args: argparse.Namespace, target_return: float) -> tuple[Outcome, ShacCost | None]:
+    """SHAC as ``waddle train --algo shac`` runs it (its run defaults and config), until its deterministic
+    policy's return on the native env reaches ``target_return``."""
+    from waddle.algorithms.shac import SHAC
 
     torch.manual_seed(args.seed)
+    run_defaults = algorithm_run_defaults("shac")
     try:
-        env = make_env("standing", num_envs=args.shac_envs, seed=args.seed, backend="mjx", differentiable=True)
+        env = make_env(
+            "standing",
+            num_envs=args.shac_envs,
+            seed=args.seed,
+            backend=run_defaults["backend"],
+            max_episode_steps=run_defaults["max_episode_steps"],
+            differentiable=True,
+        )
     except (ImportError, ValueError) as err:
-        return Outcome("shac", False, 0.0, 0, 0, 0.0, note=f"MJX backend unavailable: {str(err).splitlines()[0]}")
+        note = f"MJX backend unavailable: {str(err).splitlines()[0]}"
+        return Outcome("shac", False, 0.0, 0, 0, 0.0, note=note), None
     eval_env = make_env("standing", num_envs=args.eval_envs, seed=args.seed + 1000)
-    config = SHACConfig()
-    trainer = SHAC(env, config)
+    trainer = SHAC(env, make_config("shac", task_algorithm_defaults("standing", "shac")))
+    window_times: list[float] = []
+    train_iteration = trainer.train_iteration
+
+    def timed_iteration() -> dict[str, float]:
+        start = time.perf_counter()
+        metrics = train_iteration()
+        window_times.append(time.perf_counter() - start)
+        return metrics
+
+    trainer.train_iteration = timed_iteration
     outcome, _ = train_until(
         "shac",
         trainer,
@@ -306,11 +350,37 @@ def shac_part(args: argparse.Namespace, target_return: float, ppo_steps: int) ->
         steps_per_iteration=trainer.steps_per_iteration,
         minutes_limit=args.shac_minutes,
         may_hold=lambda metrics: False,
-        eval_every=args.eval_every,
+        eval_every=args.shac_eval_every,
+        steps_limit=trainer.config.lr_decay_steps,  # past it the learning rates are zero
     )
-    if outcome.reached:
-        outcome.note = f"{ppo_steps / max(outcome.env_steps, 1):.1f}x fewer env steps than PPO (target >= 10x)"
-    return outcome
+    later = sorted(window_times[1:]) or [math.nan]
+    cost = ShacCost(
+        first_window_s=window_times[0] if window_times else math.nan,
+        window_s=later[len(later) // 2],
+        peak_rss_gb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6,
+    )
+    return outcome, cost
+
+
+def print_shac_comparison(shac: Outcome, cost: ShacCost | None, ppo_steps: int, ppo_minutes: float | None) -> None:
+    """SHAC against PPO to the same standing return: env steps, minutes, their ratios, and SHAC's cost."""
+    print(
+        f"SHAC ({shac.env_steps // max(shac.iterations, 1)} env steps a window) against PPO, to PPO's standing return:"
+    )
+    ppo_min = f"{ppo_minutes:.1f}" if ppo_minutes is not None else "-"
+    shac_steps = f"{shac.env_steps:,}" if shac.reached else f"not reached in {shac.env_steps:,}"
+    print(f"  env steps: PPO {ppo_steps:,}, SHAC {shac_steps}")
+    print(f"  minutes:   PPO {ppo_min}, SHAC {shac.minutes:.1f}")
+    if shac.reached:
+        ratio = f"{ppo_steps / max(shac.env_steps, 1):.1f}x fewer env steps (target >= 10x)"
+        if ppo_minutes is not None:
+            ratio += f", {ppo_minutes / max(shac.minutes, 1e-9):.2f}x the wall-clock speed"
+        print(f"  SHAC: {ratio}")
+    if cost is not None:
+        print(
+            f"  SHAC's first window (compilation) {cost.first_window_s:.0f} s (target < 120), later windows "
+            f"{cost.window_s:.1f} s; peak RSS {cost.peak_rss_gb:.2f} GB (target < 4)"
+        )
 
 
 HOP_HEIGHT_TARGET = 0.02
@@ -448,7 +518,13 @@ def main() -> None:
     parts = ["standing", "walk", "speed-range", "shac"]
     parser.add_argument("--parts", nargs="+", choices=[*parts, "jump"], default=parts)
     parser.add_argument("--num-envs", type=int, default=256, help="PPO envs")
-    parser.add_argument("--shac-envs", type=int, default=64, help="SHAC envs (MJX)")
+    parser.add_argument(
+        "--shac-envs",
+        type=int,
+        default=algorithm_run_defaults("shac")["num_envs"],
+        help="SHAC envs (MJX; default: waddle train --algo shac's)",
+    )
+    parser.add_argument("--shac-eval-every", type=int, default=5, help="SHAC: evaluate every N windows")
     parser.add_argument("--eval-envs", type=int, default=32, help="envs (one episode each) per evaluation")
     parser.add_argument("--eval-every", type=int, default=20, help="walking/SHAC: evaluate every N iterations")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="walk, speed-range: one run per seed")
@@ -497,23 +573,25 @@ def main() -> None:
         f"waddle learning benchmark: {cores} CPU cores (load average {load:.1f}), torch {torch.__version__}", flush=True
     )
     outcomes: list[Outcome] = []
-    target = None  # (PPO's standing return, its env steps): what SHAC has to reach
+    target = None  # (PPO's standing return, its env steps, its minutes or None): what SHAC has to reach
     if args.ppo_standing is not None:
-        target = (args.ppo_standing[0], int(args.ppo_standing[1]))
+        target = (args.ppo_standing[0], int(args.ppo_standing[1]), None)
     if "standing" in args.parts or ("shac" in args.parts and target is None):
         standing, _ = ppo_part("standing", "standing", args, standing_holds)
         outcomes.append(standing)
         if standing.reached:
-            target = (standing.evaluation["mean_return"], standing.env_steps)
+            target = (standing.evaluation["mean_return"], standing.env_steps, standing.minutes)
     walking: list[CommandOutcome] = []
     for part in ("walk", "speed-range"):
         if part in args.parts:
             for seed in args.seeds:
                 walking.extend(walk_part(part, seed, args))
     jump = jump_part(args) if "jump" in args.parts else None
+    shac = None
     if "shac" in args.parts:
         if target is not None:
-            outcomes.append(shac_part(args, *target))
+            shac = shac_part(args, target[0])
+            outcomes.append(shac[0])
         else:
             note = "PPO standing was not reached: no target return"
             outcomes.append(Outcome("shac", False, 0.0, 0, 0, 0.0, note=note))
@@ -523,6 +601,8 @@ def main() -> None:
         print(HEADER)
         for o in outcomes:
             print(format_outcome(o))
+    if shac is not None:
+        print_shac_comparison(*shac, ppo_steps=target[1], ppo_minutes=target[2])
     if walking:
         print(
             "walking: time to hold each command (forward speed of standing envs within tolerance of it, lateral "

@@ -13,7 +13,8 @@ converged solve and its derivative from one Newton step at the solution
   constraints). With the floor, contacts make the dynamics chaotic, so even
   the plain path drifts from C by round-off growth; the gap to the plain path
   is the one the differentiable path adds;
-* ``speed``: ``MicroDuckEnv(backend="mjx", requires_grad=True)``, float64:
+* ``speed``: ``MicroDuckEnv(backend="mjx", requires_grad=True)``, float64
+  (``--dtype float32``: both backends in float32, as SHAC trains):
   forward+backward control steps per second (a ``--horizon``-step rollout of a
   tanh-linear policy, loss = -mean reward, ``backward()``) at each of
   ``--sizes``, against native MuJoCo's forward steps at
@@ -24,6 +25,7 @@ Usage::
 
     python benchmarks/mjx_solver.py
     python benchmarks/mjx_solver.py --sections speed --sizes 16 64 --horizon 16
+    python benchmarks/mjx_solver.py --sections speed --sizes 16 64 --horizon 32 --dtype float32
 """
 
 from __future__ import annotations
@@ -124,9 +126,9 @@ def bench_gap(args) -> list[dict]:
     return rows
 
 
-def _policy(obs_dim: int, act_dim: int) -> torch.nn.Module:
+def _policy(obs_dim: int, act_dim: int, dtype: torch.dtype) -> torch.nn.Module:
     torch.manual_seed(0)
-    layer = torch.nn.Linear(obs_dim, act_dim, dtype=torch.float64)
+    layer = torch.nn.Linear(obs_dim, act_dim, dtype=dtype)
     torch.nn.init.normal_(layer.weight, std=0.05)
     torch.nn.init.zeros_(layer.bias)
     return torch.nn.Sequential(layer, torch.nn.Tanh())
@@ -145,10 +147,10 @@ def _window(env, policy, horizon: int) -> None:
     env.detach_state()  # the next window starts a new graph
 
 
-def _native_rate(num_envs: int, steps: int) -> float:
-    env = MicroDuckEnv(num_envs=num_envs, backend="mujoco", seed=0, dtype=torch.float64)
+def _native_rate(num_envs: int, steps: int, dtype: torch.dtype) -> float:
+    env = MicroDuckEnv(num_envs=num_envs, backend="mujoco", seed=0, dtype=dtype)
     td = env.reset()
-    action = torch.zeros(num_envs, 14, dtype=torch.float64)
+    action = torch.zeros(num_envs, 14, dtype=dtype)
     env.step(td.set("action", action))
     start = time.perf_counter()
     for _ in range(steps):
@@ -160,17 +162,18 @@ def _native_rate(num_envs: int, steps: int) -> float:
 
 def bench_speed(args) -> list[dict]:
     rows = []
+    dtype = getattr(torch, args.dtype)
     for num_envs in args.sizes:
-        native = _native_rate(num_envs, 4 * args.horizon)
+        native = _native_rate(num_envs, 4 * args.horizon, dtype)
         env = MicroDuckEnv(
             num_envs=num_envs,
             backend="mjx",
             seed=0,
-            dtype=torch.float64,
+            dtype=dtype,
             requires_grad=True,
             compiler_options=FAST_COMPILE,
         )
-        policy = _policy(env.observation_spec["observation"].shape[-1], 14)
+        policy = _policy(env.observation_spec["observation"].shape[-1], 14, dtype)
         start = time.perf_counter()
         _window(env, policy, args.horizon)
         first = time.perf_counter() - start
@@ -208,6 +211,9 @@ def main(argv=None) -> None:
     parser.add_argument("--sizes", nargs="+", type=int, default=[16, 64])
     parser.add_argument("--horizon", type=int, default=16)
     parser.add_argument("--windows", type=int, default=3)
+    parser.add_argument(
+        "--dtype", choices=["float64", "float32"], default="float64", help="speed: precision of both backends"
+    )
     args = parser.parse_args(argv)
     print(f"load average at start: {os.getloadavg()}", flush=True)
     for name in args.sections:

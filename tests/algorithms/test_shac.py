@@ -109,6 +109,54 @@ def test_config_rejects_bad_values():
         SHACConfig(horizon=0)
 
 
+def test_config_rejects_a_bad_learning_rate_schedule():
+    with pytest.raises(ValueError, match="lr_schedule must be one of linear, constant; got 'cosine'"):
+        SHACConfig(lr_schedule="cosine")
+    for steps in (0, -5, 2.5, True):
+        with pytest.raises(ValueError, match="lr_decay_steps must be an integer >= 1"):
+            SHACConfig(lr_decay_steps=steps)
+
+
+def _learning_rates(trainer: SHAC) -> tuple[float, float]:
+    return trainer.actor_optimizer.param_groups[0]["lr"], trainer.critic_optimizer.param_groups[0]["lr"]
+
+
+def test_linear_schedule_takes_both_learning_rates_to_zero_over_the_decay_steps():
+    torch.manual_seed(0)
+    env = DiffPointEnv(4, max_steps=100)  # 4 envs x 2 steps = 8 env steps a window
+    config = SHACConfig(horizon=2, learning_rate=1e-2, critic_learning_rate=4e-3, lr_decay_steps=24, **SMALL)
+    trainer = SHAC(env, config)
+    seen = []
+    for _ in range(4):
+        metrics = trainer.train_iteration()
+        seen.append((*_learning_rates(trainer), metrics["charts/learning_rate"]))
+    # windows start at 0, 8, 16 and 24 env steps of 24: 1, 2/3, 1/3 and 0 of the starting rates
+    for (actor_lr, critic_lr, logged), fraction in zip(seen, (1.0, 2 / 3, 1 / 3, 0.0), strict=True):
+        assert actor_lr == pytest.approx(1e-2 * fraction) and logged == pytest.approx(1e-2 * fraction)
+        assert critic_lr == pytest.approx(4e-3 * fraction)
+    before = [p.detach().clone() for p in [*trainer.actor.parameters(), *trainer.critic.parameters()]]
+    trainer.train_iteration()  # past the schedule: nothing moves
+    after = [*trainer.actor.parameters(), *trainer.critic.parameters()]
+    assert all(torch.equal(b, a) for b, a in zip(before, after, strict=True))
+
+
+def test_constant_schedule_keeps_the_learning_rates_and_a_restored_trainer_resumes_the_schedule():
+    torch.manual_seed(0)
+    constant = SHAC(DiffPointEnv(4, max_steps=100), SHACConfig(horizon=2, lr_schedule="constant", **SMALL))
+    for _ in range(3):
+        constant.train_iteration()
+    assert _learning_rates(constant) == (2e-3, 2e-3)
+
+    config = SHACConfig(horizon=2, lr_decay_steps=32, **SMALL)
+    trainer = SHAC(DiffPointEnv(4, max_steps=100), config)
+    for _ in range(2):
+        trainer.train_iteration()
+    restored = SHAC(DiffPointEnv(4, max_steps=100), config)
+    restored.load_state_dict(trainer.state_dict())
+    restored.train_iteration()  # its third window starts at 16 of 32 env steps
+    assert _learning_rates(restored) == pytest.approx((1e-3, 1e-3))
+
+
 def _evaluate(trainer: SHAC) -> float:
     """Mean 40-step return of the deterministic policy from fixed start states."""
     env = DiffPointEnv(64, max_steps=40, bound=3.0, action_bound=1.0, init_scale=1.0, seed=123)

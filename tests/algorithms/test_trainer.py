@@ -37,13 +37,17 @@ def test_apg_policy_is_its_normalised_mean(stochastic):
     assert torch.allclose(trainer.deterministic_policy()(observation), expected)
 
 
-def test_shac_policy_is_its_normalised_mean():
-    config = SHACConfig(horizon=3, actor_hidden_sizes=(8,), critic_hidden_sizes=(8,), num_epochs=1)
+@pytest.mark.parametrize("stochastic", [False, True])
+def test_shac_policy_is_its_normalised_mean(stochastic):
+    config = SHACConfig(
+        horizon=3, actor_hidden_sizes=(8,), critic_hidden_sizes=(8,), num_epochs=1, stochastic_policy=stochastic
+    )
     trainer = SHAC(point_env(), config)
     trainer.train_iteration()
     observation = torch.randn(6, 2)
+    net = trainer.actor[0].module.net if stochastic else trainer.actor.module
     with torch.no_grad():
-        expected = trainer.actor[0].module.net(trainer.normalizer(observation)).clamp(-1, 1)
+        expected = net(trainer.normalizer(observation)).clamp(-1, 1)
     assert torch.allclose(trainer.deterministic_policy()(observation), expected)
 
 

@@ -433,6 +433,83 @@ def test_a_training_horizon_that_is_not_positive_is_refused(steps, tmp_path):
         resolve_config(args)
 
 
+@pytest.mark.parametrize(
+    "flags, expected",
+    [
+        (["--algo", "shac"], {"backend": "mjx", "num_envs": 8, "max_episode_steps": 128, "total_steps": 25_600}),
+        # SHAC's budget is its own on every task: walking's 6M PPO steps would be days of windows
+        (["--algo", "shac", "--task", "walk"], {"backend": "mjx", "num_envs": 8, "total_steps": 25_600}),
+        (
+            ["--algo", "shac", "--num-envs", "8", "--backend", "mujoco-torch"],
+            {"backend": "mujoco-torch", "num_envs": 8},
+        ),
+        (["--algo", "apg"], {"backend": "mjx", "num_envs": 256, "max_episode_steps": 500, "total_steps": 1_500_000}),
+        ([], {"backend": "mujoco", "num_envs": 256, "max_episode_steps": 500, "total_steps": 1_500_000}),
+        (["--task", "walk"], {"backend": "mujoco", "total_steps": 6_000_000}),
+    ],
+    ids=["shac", "shac-walk", "shac-given", "apg", "ppo", "ppo-walk"],
+)
+def test_an_algorithm_brings_its_run_defaults(tmp_path, flags, expected):
+    from waddle.cli.main import build_parser
+    from waddle.cli.train import resolve_config
+
+    args = build_parser().parse_args(["train", "--out", str(tmp_path / "run"), *flags])
+    config, _ = resolve_config(args)
+    assert {name: config["run"][name] for name in expected} == expected
+
+
+@pytest.mark.parametrize(
+    "flags, decay_steps",
+    [([], 25_600), (["--total-steps", "4096"], 4096), (["--total-steps", "4096", "--lr-decay-steps", "1000"], 1000)],
+)
+def test_shacs_learning_rate_schedule_spans_the_run_unless_given(tmp_path, flags, decay_steps):
+    from waddle.cli.main import build_parser
+    from waddle.cli.train import resolve_config
+
+    args = build_parser().parse_args(["train", "--out", str(tmp_path / "run"), "--algo", "shac", *flags])
+    config, _ = resolve_config(args)
+    assert config["algorithm"]["lr_schedule"] == "linear"
+    assert config["algorithm"]["lr_decay_steps"] == decay_steps
+
+
+@pytest.mark.parametrize("algo", ["shac", "apg"])
+def test_an_analytic_gradient_checkpoint_evaluates_and_exports_on_the_native_env(tmp_path, algo, capsys):
+    # A SHAC or APG run trains through MJX; eval and export rebuild its networks around an env without gradients.
+    from dataclasses import asdict
+
+    from waddle.algorithms.checkpoint import load_checkpoint, save_checkpoint
+    from waddle.algorithms.evaluation import policy_from_checkpoint
+    from waddle.algorithms.presets import make_config, make_env, make_trainer
+    from waddle.algorithms.runner import TrainConfig
+
+    torch.manual_seed(0)
+    env = make_env("standing", num_envs=4, seed=0)
+    config = make_config(
+        algo, {"actor_hidden_sizes": (16,), **({"critic_hidden_sizes": (16,)} if algo == "shac" else {})}
+    )
+    trainer = make_trainer(algo, env, config, "cpu")
+    trainer.normalizer.update(env.rollout(10, break_when_any_done=False)["observation"].reshape(-1, 56))
+    run = asdict(TrainConfig(algo=algo, backend="mjx", num_envs=4))
+    path = tmp_path / "checkpoint.pt"
+    save_checkpoint(
+        path,
+        algo=algo,
+        config={"run": run, "algorithm": json.loads(json.dumps(asdict(config)))},
+        trainer_state=trainer.state_dict(),
+        env_steps=256,
+        iteration=1,
+    )
+
+    policy = policy_from_checkpoint(load_checkpoint(path), make_env("standing", num_envs=2, seed=1))
+    observations = env.rollout(5, break_when_any_done=False)["observation"].reshape(-1, 56)
+    with torch.no_grad():
+        torch.testing.assert_close(policy(observations), trainer.deterministic_policy()(observations))
+    assert main(["eval", str(path), "--episodes", "2", "--max-steps", "20"]) == 0
+    assert main(["export", str(path), "--onnx", str(tmp_path / "policy.onnx")]) == 0
+    assert (tmp_path / "policy.onnx").stat().st_size > 0
+    env.close()
+
+
 def test_a_task_default_of_another_algorithm_is_not_applied(tmp_path):
     from waddle.cli.main import build_parser
     from waddle.cli.train import resolve_config

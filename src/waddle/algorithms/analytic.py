@@ -151,10 +151,8 @@ def env_dims(env: EnvBase) -> tuple[int, int]:
     return env.observation_spec["observation"].shape[-1], env.action_spec.shape[-1]
 
 
-def build_policy_and_collector(
-    env: EnvBase, config, device: torch.device
-) -> tuple[RunningNormalizer | None, TensorDictModule, DifferentiableCollector]:
-    """The observation normaliser, actor and differentiable collector of APG and SHAC.
+def build_policy(env: EnvBase, config, device: torch.device) -> tuple[RunningNormalizer | None, TensorDictModule]:
+    """The observation normaliser and actor of APG and SHAC.
 
     ``config`` is an ``APGConfig`` or a ``SHACConfig``: both name the
     actor's fields the same way.
@@ -170,8 +168,20 @@ def build_policy_and_collector(
         num_tasks=max(len(task_library(env)), 1),
         task_embedding_dim=config.task_embedding_dim,
     ).to(device)
+    return normalizer, actor
+
+
+def build_collector(
+    env: EnvBase, actor: TensorDictModule, normalizer: RunningNormalizer | None, config, device: torch.device
+) -> DifferentiableCollector:
+    """The differentiable collector that rolls ``actor`` out through ``env`` (which must be differentiable).
+
+    The trainers build it at their first window, not with their networks: a
+    trainer rebuilt only for its policy (``waddle eval``, ``waddle export``)
+    runs on an env without gradients.
+    """
     bounded = getattr(env.action_spec, "low", None) is not None
-    collector = DifferentiableCollector(
+    return DifferentiableCollector(
         env,
         actor,
         device,
@@ -179,7 +189,6 @@ def build_policy_and_collector(
         clip_actions_to_space=config.clip_actions and bounded,
         action_adjoint_max_norm=config.action_adjoint_max_norm,
     )
-    return normalizer, actor, collector
 
 
 def rollout_metrics(rollout: DifferentiableRollout) -> dict[str, float]:

@@ -15,6 +15,7 @@ cut the graph.
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 
@@ -23,7 +24,8 @@ from torch import nn
 from torchrl.envs import EnvBase
 
 from waddle.algorithms.analytic import (
-    build_policy_and_collector,
+    build_collector,
+    build_policy,
     check_common_config,
     guarded_step,
     mean_policy,
@@ -31,6 +33,7 @@ from waddle.algorithms.analytic import (
 )
 from waddle.algorithms.targets import horizon_returns
 from waddle.algorithms.task_library import STATE_KEY, check_task_library, saved_task_library, task_library
+from waddle.collectors import DifferentiableCollector
 
 
 @dataclass(frozen=True)
@@ -97,9 +100,14 @@ class APG:
         self.device = torch.device(device)
         self.steps_per_iteration = config.horizon * env.batch_size[0]
         self.task_library = task_library(env)
-        self.normalizer, self.actor, self.collector = build_policy_and_collector(env, config, self.device)
+        self.normalizer, self.actor = build_policy(env, config, self.device)
         self.optimizer = torch.optim.Adam(self.actor.parameters(), lr=config.learning_rate, betas=config.adam_betas)
         self.iteration = 0
+
+    @functools.cached_property
+    def collector(self) -> DifferentiableCollector:
+        """Built at the first window (:func:`~waddle.algorithms.analytic.build_collector`)."""
+        return build_collector(self.env, self.actor, self.normalizer, self.config, self.device)
 
     def train_iteration(self) -> dict[str, float]:
         """One horizon: roll out, backpropagate through the env, step, cut the graph."""

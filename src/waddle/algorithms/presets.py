@@ -79,6 +79,29 @@ def task_algorithm_defaults(task: str, algo: str) -> dict[str, Any]:
     return dict(TASK_ALGORITHM_DEFAULTS.get(task, {}).get(algo, {}))
 
 
+ALGORITHM_RUN_DEFAULTS: dict[str, dict[str, Any]] = {
+    "shac": {"backend": "mjx", "num_envs": 8, "max_episode_steps": 128, "total_steps": 25_600},
+    "apg": {"backend": "mjx"},
+}
+"""``--algo`` -> the run fields (``TrainConfig``) a new run with it takes when their flags are left out.
+
+The analytic-gradient trainers need a differentiable backend: MJX, whose differentiable step simulates
+the robot ``mujoco`` does. SHAC on ``standing`` (``benchmarks/learning.py --parts shac``;
+docs/differentiable.md, "SHAC on the MicroDuck"):
+
+- 8 envs: a 32-step window is one actor update per 256 env steps. Per env step, 8 envs stood sooner
+  and fell back less than 16 or 32 (more updates from the same steps);
+- 128-step training episodes: the policy keeps meeting the first second after a reset, where a
+  standing policy trained on 500-step episodes forgot how to catch itself;
+- 25,600 env steps: 100 windows, about 5 minutes on 2 cores, over which the learning rates fall to zero
+  (``SHACConfig.lr_schedule``)."""
+
+
+def algorithm_run_defaults(algo: str) -> dict[str, Any]:
+    """The run fields a new ``algo`` run takes unless given (see :data:`ALGORITHM_RUN_DEFAULTS`)."""
+    return dict(ALGORITHM_RUN_DEFAULTS.get(algo, {}))
+
+
 BACKENDS: tuple[str, ...] = tuple(PHYSICS_BACKENDS)
 """``--backend`` names: the physics backends MicroDuckEnv can run on."""
 
@@ -235,7 +258,8 @@ ADDED_FIELDS: dict[str, Any] = {"task_embedding_dim": 0}
 a checkpoint without the field was trained with (no field: no task conditioning)."""
 
 ADDED_ALGORITHM_FIELDS: dict[str, dict[str, Any]] = {
-    "ppo": {"actor_observation": "full", "overlap_rollout": False, "mirror_loss_coef": 0.0}
+    "ppo": {"actor_observation": "full", "overlap_rollout": False, "mirror_loss_coef": 0.0},
+    "shac": {"lr_schedule": "constant", "lr_decay_steps": 25_600},
 }
 """As :data:`ADDED_FIELDS`, per ``--algo`` for the fields only that algorithm has (no
 ``actor_observation``: the actor read the full observation; no ``mirror_loss_coef``: no mirror loss)."""
@@ -291,7 +315,7 @@ def upgrade_config_fields(algo: str, fields: Mapping[str, Any]) -> dict[str, Any
 
     Example:
         >>> upgrade_config_fields("shac", {"lam": 0.9, "horizon": 16})
-        {'gae_lambda': 0.9, 'horizon': 16, 'task_embedding_dim': 0}
+        {'gae_lambda': 0.9, 'horizon': 16, 'task_embedding_dim': 0, 'lr_schedule': 'constant', 'lr_decay_steps': 25600}
     """
     _choice("algorithm", algo, ALGORITHMS)
     renamed = dict(RENAMED_FIELDS.get(algo, {}))

@@ -70,7 +70,7 @@ class TrainConfig:
     algo: str = "ppo"
     """Training algorithm."""
     backend: str = "mujoco"
-    """Physics backend of the env."""
+    """Physics backend of the env ('mujoco': MuJoCo C; --algo shac and apg train through 'mjx' unless given)."""
     randomization: str = "none"
     """Domain randomization, latency and sensor noise of the training env: 'none' (the idealized robot) or
     'upstream' (the microduck_rl training's ranges; see docs/microduck.md)."""
@@ -85,16 +85,18 @@ class TrainConfig:
     actions live in [-1, 1]); the export's sidecar records it."""
     max_episode_steps: int = 500
     """Control steps after which a training episode is cut (truncated, its value bootstrapped): 500 = 10 s at
-    50 Hz. A policy never sees a state later than this in training; 'waddle eval' runs 20 s episodes."""
+    50 Hz (--algo shac: 128 unless given). A policy never sees a state later than this in training; 'waddle eval'
+    runs 20 s episodes."""
     num_envs: int = 256
-    """Envs simulated in parallel."""
+    """Envs simulated in parallel (--algo shac: 8 unless given; it learns from many short windows)."""
     total_steps: int = 1_500_000
     """Env steps to train for, counted over all envs and across resumes.
 
     The default is about 13 minutes of PPO on 2 idle CPU cores (~2,000 env
     steps/s); PPO's standing policy holds 500-step episodes after ~262k steps.
     ``waddle train`` gives the walking tasks 6M when the flag is left out
-    (``presets.TASK_TOTAL_STEPS``).
+    (``presets.TASK_TOTAL_STEPS``), and ``--algo shac`` 25,600 on any task
+    (``presets.ALGORITHM_RUN_DEFAULTS``).
     """
     seed: int = 0
     """Seed of torch and of the env's generator."""

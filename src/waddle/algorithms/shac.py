@@ -15,6 +15,9 @@ one is bootstrapped from the observation it reached.
 With a library of several tasks, the actor and the critic each read the task
 id through their own embedding (``task_embedding_dim`` wide).
 
+Both learning rates fall linearly to zero over ``lr_decay_steps`` env steps
+by default (DiffRL's schedule; ``lr_schedule="constant"`` keeps them).
+
 Reading order: config, the pure losses, then the trainer, whose
 ``train_iteration`` is actor step, critic steps, target update, graph cut.
 """
@@ -22,6 +25,7 @@ Reading order: config, the pure losses, then the trainer, whose
 from __future__ import annotations
 
 import copy
+import functools
 import time
 from dataclasses import dataclass
 
@@ -30,8 +34,9 @@ from torch import nn
 from torchrl.envs import EnvBase
 
 from waddle.algorithms.analytic import (
+    build_collector,
     build_net,
-    build_policy_and_collector,
+    build_policy,
     check_common_config,
     env_dims,
     guarded_step,
@@ -40,8 +45,11 @@ from waddle.algorithms.analytic import (
 )
 from waddle.algorithms.targets import horizon_returns, td_lambda_targets
 from waddle.algorithms.task_library import STATE_KEY, check_task_library, saved_task_library, task_library
-from waddle.collectors import DifferentiableRollout
+from waddle.collectors import DifferentiableCollector, DifferentiableRollout
 from waddle.modules.task_embedding import TASK_ID_KEY, TaskConditionedMLP
+
+LR_SCHEDULES = ("linear", "constant")
+"""``SHACConfig.lr_schedule`` names."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +64,13 @@ class SHACConfig:
     """Adam learning rate of the actor."""
     critic_learning_rate: float = 2e-3
     """Adam learning rate of the critic."""
+    lr_schedule: str = "linear"
+    """'linear': both learning rates fall linearly from their start to zero over lr_decay_steps env steps (DiffRL's
+    schedule); 'constant': they stay. On the MicroDuck, constant rates stood and then fell again when one window's
+    gradient spiked; the linear schedule held (docs/differentiable.md, "SHAC on the MicroDuck")."""
+    lr_decay_steps: int = 25_600
+    """Env steps the linear schedule spans ('waddle train' sets it to --total-steps unless given); past it the actor
+    and the critic no longer change."""
     adam_betas: tuple[float, float] = (0.7, 0.95)
     """Adam betas of both optimisers."""
     max_grad_norm: float = 1.0
@@ -74,8 +89,10 @@ class SHACConfig:
     """Hidden widths of the critic MLP (ELU)."""
     critic_layer_norm: bool = True
     """LayerNorm before each hidden activation of the critic."""
-    stochastic_policy: bool = True
-    """Sample actions from a Gaussian with the reparameterisation trick."""
+    stochastic_policy: bool = False
+    """Sample actions from a Gaussian with the reparameterisation trick. Off by default (DiffRL samples): on the
+    MicroDuck's standing task the deterministic actor stood within 10k env steps, a sampling one with the
+    same seed did not (docs/differentiable.md, "SHAC on the MicroDuck")."""
     init_log_std: float = -1.0
     """Initial log standard deviation of a stochastic policy."""
     normalize_observations: bool = True
@@ -92,6 +109,10 @@ class SHACConfig:
         check_common_config(self)
         if not 0.0 <= self.gae_lambda <= 1.0:
             raise ValueError(f"gae_lambda must be in [0, 1], got {self.gae_lambda}.")
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"lr_schedule must be one of {', '.join(LR_SCHEDULES)}; got {self.lr_schedule!r}.")
+        if isinstance(self.lr_decay_steps, bool) or not isinstance(self.lr_decay_steps, int) or self.lr_decay_steps < 1:
+            raise ValueError(f"lr_decay_steps must be an integer >= 1 (env steps), got {self.lr_decay_steps!r}.")
         if not 0.0 <= self.target_critic_alpha < 1.0:
             raise ValueError(f"target_critic_alpha must be in [0, 1), got {self.target_critic_alpha}.")
         for name in ("num_epochs", "num_minibatches"):
@@ -151,7 +172,7 @@ class SHAC:
         self.device = torch.device(device)
         self.steps_per_iteration = config.horizon * env.batch_size[0]
         self.task_library = task_library(env)
-        self.normalizer, self.actor, self.collector = build_policy_and_collector(env, config, self.device)
+        self.normalizer, self.actor = build_policy(env, config, self.device)
         obs_dim, _ = env_dims(env)
         self.critic = build_net(
             obs_dim,
@@ -169,6 +190,11 @@ class SHAC:
             self.critic.parameters(), lr=config.critic_learning_rate, betas=config.adam_betas
         )
         self.iteration = 0
+
+    @functools.cached_property
+    def collector(self) -> DifferentiableCollector:
+        """Built at the first window (:func:`~waddle.algorithms.analytic.build_collector`)."""
+        return build_collector(self.env, self.actor, self.normalizer, self.config, self.device)
 
     def _normalize(self, observation: torch.Tensor) -> torch.Tensor:
         return observation if self.normalizer is None else self.normalizer(observation)
@@ -192,9 +218,26 @@ class SHAC:
         stepped = torch.stack([t.info[TASK_ID_KEY] for t in rollout.transitions]).to(acted.device)
         return acted, stepped
 
+    def learning_rate_fraction(self) -> float:
+        """The fraction of their starting values the learning rates have in the next window."""
+        if self.config.lr_schedule == "constant":
+            return 1.0
+        return max(0.0, 1.0 - self.iteration * self.steps_per_iteration / self.config.lr_decay_steps)
+
+    def _set_learning_rates(self) -> float:
+        fraction = self.learning_rate_fraction()
+        for optimizer, start in (
+            (self.actor_optimizer, self.config.learning_rate),
+            (self.critic_optimizer, self.config.critic_learning_rate),
+        ):
+            for group in optimizer.param_groups:
+                group["lr"] = start * fraction
+        return fraction
+
     def train_iteration(self) -> dict[str, float]:
         """One window: actor step through the env, critic regression, target update, graph cut."""
         cfg = self.config
+        lr_fraction = self._set_learning_rates()
 
         # 1. actor: differentiable rollout, bootstrapped by the target critic
         start = time.perf_counter()
@@ -247,6 +290,7 @@ class SHAC:
             "charts/actor_update_skipped": actor_step["skipped"],
             "charts/critic_updates_skipped": critic_skipped,
             "charts/value_target_mean": float(b_targets.mean()),
+            "charts/learning_rate": cfg.learning_rate * lr_fraction,
             **rollout_metrics(rollout),
             "perf/rollout_s": rollout_time,
             "perf/actor_update_s": actor_time,

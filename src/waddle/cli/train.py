@@ -42,6 +42,7 @@ from waddle.algorithms.presets import (
     TASK_TOTAL_STEPS,
     TASKS,
     CollectorEnv,
+    algorithm_run_defaults,
     collector_envs,
     make_config,
     make_env,
@@ -305,17 +306,21 @@ def resolve_config(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, 
             raise CheckpointError(
                 f"{out / CHECKPOINT_FILE} exists; pass --resume to continue it or choose another --out."
             )
-        task = run_flags.get("task", TrainConfig.task)
-        if "total_steps" not in run_flags and task in TASK_TOTAL_STEPS:
-            run_flags["total_steps"] = TASK_TOTAL_STEPS[task]
         if source is not None:
             run_flags.setdefault("algo", source["algo"])
             # What the source's actor reads and what its actions mean carry over unless given.
             source_run = upgrade_run_fields(source["config"].get("run") or {})
             for name in POLICY_ENV_FIELDS:
                 run_flags.setdefault(name, source_run[name])
+        for name, value in algorithm_run_defaults(run_flags.get("algo", TrainConfig.algo)).items():
+            run_flags.setdefault(name, value)
+        task = run_flags.get("task", TrainConfig.task)
+        if "total_steps" not in run_flags and task in TASK_TOTAL_STEPS:
+            run_flags["total_steps"] = TASK_TOTAL_STEPS[task]
         run = TrainConfig(**run_flags)
         base = task_algorithm_defaults(run.task, run.algo)
+        if "lr_decay_steps" in {field.name for field in dataclasses.fields(ALGORITHMS[run.algo].classes()[1])}:
+            base["lr_decay_steps"] = run.total_steps  # the schedule spans the run, as CleanRL's anneal_lr
         if source is not None and source["algo"] == run.algo:
             base.update(inherited_fields(source))
     fields = {field.name for field in dataclasses.fields(ALGORITHMS[run.algo].classes()[1])}
