@@ -91,8 +91,8 @@ class SHACConfig:
     """LayerNorm before each hidden activation of the critic."""
     stochastic_policy: bool = False
     """Sample actions from a Gaussian with the reparameterisation trick. Off by default (DiffRL samples): on the
-    MicroDuck's standing task the deterministic actor stood within 10k env steps, a sampling one with the
-    same seed did not (docs/differentiable.md, "SHAC on the MicroDuck")."""
+    MicroDuck's standing task the deterministic actor returned 57.5 of 60 after 10k env steps, a sampling one
+    (log std -3, same seed) at most 53.4 by 15k (docs/differentiable.md, "SHAC on the MicroDuck")."""
     init_log_std: float = -1.0
     """Initial log standard deviation of a stochastic policy."""
     normalize_observations: bool = True
