@@ -319,11 +319,11 @@ def resolve_config(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, 
             run_flags["total_steps"] = TASK_TOTAL_STEPS[task]
         run = TrainConfig(**run_flags)
         base = task_algorithm_defaults(run.task, run.algo)
-        if "lr_decay_steps" in {field.name for field in dataclasses.fields(ALGORITHMS[run.algo].classes()[1])}:
-            base["lr_decay_steps"] = run.total_steps  # the schedule spans the run, as CleanRL's anneal_lr
         if source is not None and source["algo"] == run.algo:
             base.update(inherited_fields(source))
     fields = {field.name for field in dataclasses.fields(ALGORITHMS[run.algo].classes()[1])}
+    if checkpoint is None and "lr_decay_steps" in fields:
+        base["lr_decay_steps"] = run.total_steps  # a new run's schedule spans it, as CleanRL's anneal_lr
     foreign = sorted(set(algorithm_flags) - fields)
     if foreign:
         raise ValueError(f"{', '.join(map(_flag, foreign))} do(es) not apply to --algo {run.algo}.")
