@@ -12,13 +12,13 @@ from waddle.envs.microduck.rewards import GAIT_TERMS, REWARD_PARAMS, REWARD_TERM
 from waddle.envs.microduck.tasks import (
     COMMAND_THRESHOLD,
     MicroDuckTask,
+    TaskTable,
     as_task_library,
     jump_task,
     make_task,
     sidestep_task,
     speed_range_task,
     standing_task,
-    task_table,
     tracking_task,
 )
 
@@ -319,15 +319,27 @@ def test_as_task_library_checks_rows_of_a_prebuilt_stack():
 
 def test_task_table_gathers_the_rows_of_the_library_without_names():
     library = as_task_library([tracking_task(0.2), jump_task(), standing_task()])
-    table = task_table(library)
+    table = TaskTable(library)
+    assert len(table) == 3
     task_id = torch.tensor([2, 0, 0, 1, 2])
     rows = table[task_id]
-    assert "name" not in rows.keys()
-    assert rows.batch_size == torch.Size([5])
+    fields = {name for name in library.to_tensordict().keys() if name != "name"}
+    assert set(rows) == fields
+    assert set(rows["params"]) == set(REWARD_PARAMS)
     for i, task in enumerate(task_id.tolist()):
         row = library[task]
-        assert torch.equal(rows["reward_weights"][i], row.reward_weights)
-        assert torch.equal(rows["command_high"][i], row.command_high)
-        assert torch.equal(rows["gait_prior_lift"][i], row.gait_prior_lift)
+        for name in fields - {"params"}:
+            assert rows[name].shape == (5, *getattr(row, name).shape)
+            assert rows[name].dtype == getattr(row, name).dtype
+            assert torch.equal(rows[name][i], getattr(row, name)), name
         for key in REWARD_PARAMS:
-            assert torch.equal(rows["params", key][i], row.params[key])
+            assert torch.equal(rows["params"][key][i], row.params[key])
+
+
+def test_task_table_keeps_each_entry_s_dtype_and_exact_values():
+    library = as_task_library([tracking_task(0.2), standing_task()])
+    library.params["tracking_std"] = torch.tensor([0.1, 1 / 3], dtype=torch.float64)
+    rows = TaskTable(library)[torch.tensor([1, 0])]
+    assert rows["params"]["tracking_std"].dtype == torch.float64
+    assert rows["params"]["tracking_std"].tolist() == [1 / 3, 0.1]
+    assert rows["reward_weights"].dtype == library.reward_weights.dtype

@@ -224,9 +224,8 @@ class MicroDuckEnv(MujocoEnv):
         self.max_episode_steps = max_episode_steps
         library = presets.tracking_task() if tasks is None else tasks
         self.tasks = presets.as_task_library(library).to(self.device)
-        # Rows are gathered per env at every reset; the library's names (a
-        # stack of strings) cost far more to index than all its tensors.
-        self._task_table = presets.task_table(self.tasks)
+        # Rows are gathered per env at every reset, from one packed matrix.
+        self._task_table = presets.TaskTable(self.tasks)
         self._configure_from_model()
         self._allocate_episode_state()
         self._allocate_tracking_window()
@@ -427,7 +426,7 @@ class MicroDuckEnv(MujocoEnv):
         """Derive what each env's task and command fix for the episode: its task row, reward
         params and gait clock frequency (Hz)."""
         self._episode_task = task = self._task_table[self._task_id]
-        self._episode_params = dict(task["params"].items())
+        self._episode_params = task["params"]
         self._gait_frequency = task["gait_frequency_hz"] + task["gait_frequency_per_mps"] * self._command.norm(dim=-1)
         cycles = self._episode_params["tracking_window_cycles"]
         steps = (cycles / (self._gait_frequency * self.control_dt)).round().clamp_min(1.0)
@@ -655,7 +654,7 @@ class MicroDuckEnv(MujocoEnv):
         return torch.multinomial(self.tasks.weight, self.num_envs, replacement=True, generator=self.rng)
 
     def _draw_command(
-        self, tensordict: TensorDictBase | None, episode_task: TensorDictBase, rows: torch.Tensor
+        self, tensordict: TensorDictBase | None, episode_task: Mapping[str, Any], rows: torch.Tensor
     ) -> torch.Tensor:
         low, high = episode_task["command_low"], episode_task["command_high"]
         if tensordict is not None and "command" in tensordict.keys():
@@ -680,7 +679,9 @@ class MicroDuckEnv(MujocoEnv):
         """Uniform samples in [-1, 1) from the env's generator."""
         return 2.0 * torch.rand(*shape, generator=self.rng, device=self.device, dtype=self.dtype) - 1.0
 
-    def _initial_state(self, episode_task: TensorDictBase, command: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _initial_state(
+        self, episode_task: Mapping[str, Any], command: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         n = self.num_envs
         qpos = self._home_qpos.expand(n, -1).clone()
         qvel = torch.zeros(n, self.physics.nv, dtype=self.dtype, device=self.device)
