@@ -58,7 +58,7 @@ import torch
 
 from waddle.algorithms.checkpoint import save_checkpoint
 from waddle.algorithms.evaluation import EvaluationResult, evaluate, task_commands
-from waddle.algorithms.ppo import PPO, PPOConfig
+from waddle.algorithms.ppo import PPO, PPOConfig, default_update_threads
 from waddle.algorithms.presets import (
     TASK_TOTAL_STEPS,
     algorithm_run_defaults,
@@ -68,8 +68,8 @@ from waddle.algorithms.presets import (
 )
 from waddle.algorithms.runner import TrainConfig
 
-UPDATE_THREADS = len(os.sched_getaffinity(0))
-"""Threads of PPO's update, as ``waddle train`` gives it: every core (the physics idles meanwhile)."""
+CORES = len(os.sched_getaffinity(0))
+"""The cores PPO's update threads are chosen from, as ``waddle train`` chooses (``default_update_threads``)."""
 
 STANDING_LENGTH = 450
 """Mean episode length (of 500) the standing criterion asks for."""
@@ -168,7 +168,8 @@ def ppo_part(part: str, task: str, args: argparse.Namespace, holds) -> tuple[Out
     torch.manual_seed(args.seed)
     env = make_env(task, num_envs=args.num_envs, seed=args.seed)
     eval_env = make_env(task, num_envs=args.eval_envs, seed=args.seed + 1000)
-    trainer = PPO(env, train_config(task, args), update_threads=UPDATE_THREADS)
+    config = train_config(task, args)
+    trainer = PPO(env, config, update_threads=default_update_threads(config, CORES))
 
     def may_hold(metrics: dict) -> bool:
         length = metrics["charts/episode_length"]
@@ -259,7 +260,8 @@ def walk_part(part: str, seed: int, args: argparse.Namespace) -> list[CommandOut
     torch.manual_seed(seed)
     scale = {"action_scale": args.action_scale}
     env = make_env(part, num_envs=args.num_envs, seed=seed, **scale)
-    trainer = PPO(env, train_config(part, args), update_threads=UPDATE_THREADS)
+    config = train_config(part, args)
+    trainer = PPO(env, config, update_threads=default_update_threads(config, CORES))
     commands = [command for command, _ in task_commands(env.tasks)]
     tolerance = COMMAND_TOLERANCE[part]
     budget = args.walk_steps or TASK_TOTAL_STEPS.get(part, TrainConfig().total_steps)
@@ -443,7 +445,8 @@ def jump_part(args: argparse.Namespace) -> JumpOutcome:
     torch.manual_seed(seed)
     horizon = args.jump_max_episode_steps
     env = make_env("jump-mix", num_envs=args.num_envs, seed=seed, max_episode_steps=horizon, **options)
-    trainer = PPO(env, make_config("ppo", inherited_fields(source)), update_threads=UPDATE_THREADS)
+    config = make_config("ppo", inherited_fields(source))
+    trainer = PPO(env, config, update_threads=default_update_threads(config, CORES))
     print(f"  [jump] from {path}: {load_weights(trainer, 'ppo', source, path=path).summary()}", flush=True)
     check_env = make_env("jump-mix", num_envs=args.eval_envs, seed=seed + 1000, **options)
     jump_id = list(check_env.tasks.name).index("jump")

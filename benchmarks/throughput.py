@@ -49,7 +49,7 @@ import torch
 from mujoco import rollout
 
 from waddle.algorithms.checkpoint import load_checkpoint
-from waddle.algorithms.ppo import PPO, PPOConfig, torch_threads
+from waddle.algorithms.ppo import PPO, PPOConfig, default_update_threads, torch_threads
 from waddle.algorithms.presets import make_env
 from waddle.envs.microduck import MicroDuckEnv
 
@@ -182,7 +182,8 @@ def ppo_rate(
     """
     env = make_env("walk", num_envs=num_envs, seed=0, num_threads=threads)
     recorder = TransitionRecorder(env)
-    trainer = PPO(env, PPOConfig(overlap_rollout=overlap), update_threads=threads)
+    config = PPOConfig(overlap_rollout=overlap)
+    trainer = PPO(env, config, update_threads=default_update_threads(config, threads))
     if start_from is not None:
         trainer.load_state_dict(load_checkpoint(start_from)["trainer"])
     trainer.train_iteration()  # warm-up

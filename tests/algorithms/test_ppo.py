@@ -17,6 +17,7 @@ from waddle.algorithms.ppo import (
     NonFiniteLossError,
     PPOConfig,
     adapt_learning_rate,
+    default_update_threads,
     finished_episodes,
     gaussian_kl,
     mirror_loss,
@@ -349,6 +350,11 @@ def test_update_runs_on_update_threads_and_restores_the_rollout_setting(monkeypa
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(previous)
+
+
+def test_the_update_takes_every_core_unless_it_overlaps_the_rollout():
+    assert default_update_threads(PPOConfig(), 4) == 4
+    assert default_update_threads(PPOConfig(overlap_rollout=True), 4) == 1
 
 
 def busy(seconds: float) -> None:

@@ -407,6 +407,34 @@ def test_push_scale_trains_on_harder_pushes_while_eval_and_export_keep_the_prese
 
 
 @pytest.mark.parametrize(
+    ("flags", "threads"),
+    [
+        ([], 2),
+        (["--overlap-rollout"], 1),
+        (["--overlap-rollout", "--update-threads", "2"], 2),
+        (["--update-threads", "1"], 1),
+    ],
+)
+def test_the_update_threads_left_out_follow_the_overlap(tmp_path, monkeypatch, flags, threads):
+    """Every core for the plain loop's update (the physics idles then), one for an overlapped update
+    (the rollout holds the cores); given threads win."""
+    import waddle.cli.train as train_cli
+
+    monkeypatch.setattr(train_cli.os, "sched_getaffinity", lambda pid: {0, 1})
+    seen = []
+    build = train_cli.make_trainer
+
+    def recording_make_trainer(*args, **kwargs):
+        seen.append(kwargs["update_threads"])
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(train_cli, "make_trainer", recording_make_trainer)
+    argv = ["train", "--task", "standing", "--total-steps", "256", *TINY, "--video-frames", "0", "--out", str(tmp_path)]
+    assert main([*argv, *flags]) == 0
+    assert seen == [threads]
+
+
+@pytest.mark.parametrize(
     ("flags", "message"),
     [
         (["--push-scale", "1.5"], r"push_scale: a push scale of 1\.5 needs a randomization that pushes"),

@@ -109,7 +109,8 @@ class TrainConfig:
     torch_threads: int = 1
     """Threads of torch's own ops (0: torch's default); the physics has its own pool, so 1 is fastest on a small CPU."""
     update_threads: int = 0
-    """Threads of torch's ops during PPO's update, while the physics pool idles (0: every core the process may use)."""
+    """Threads of torch's ops during PPO's update (0: every core the process may use, which the physics pool
+    leaves idle then; one with --overlap-rollout, whose rollout holds the cores during the update)."""
     logger: str = "none"
     """Also write the metrics through a TorchRL logger: 'csv', 'tensorboard' or 'wandb' (under the output directory)."""
     collectors: int = 1

@@ -33,6 +33,7 @@ from waddle.algorithms.checkpoint import CheckpointError, check_compatible, load
 from waddle.algorithms.evaluation import POLICY_ENV_FIELDS
 from waddle.algorithms.init_from import InitFromError, check_network_config, inherited_fields, load_weights
 from waddle.algorithms.loggers import LOGGERS, make_logger, require_package
+from waddle.algorithms.ppo import default_update_threads
 from waddle.algorithms.presets import (
     ACTOR_OBSERVATIONS,
     ALGORITHMS,
@@ -412,7 +413,9 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, ImportError) as err:
         return _error(str(err).splitlines()[0])
     algo_config = make_config(run_config.algo, config["algorithm"])
-    update_threads = run_config.update_threads or cores
+    update_threads = run_config.update_threads or (
+        default_update_threads(algo_config, cores) if run_config.algo == "ppo" else cores
+    )
     try:
         trainer = make_trainer(
             run_config.algo,
