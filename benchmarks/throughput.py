@@ -2,16 +2,18 @@
 
 In one run, on the same embedded MicroDuck model and machine:
 
-* waddle ``MicroDuckEnv`` (native backend, random actions through ``env.rollout``)
-  at several batch sizes;
+* waddle ``MicroDuckEnv`` (native backend, random actions, stepped as a collector
+  steps it: the actor, then ``step_and_maybe_reset``) at several batch sizes;
 * the bare backend: ``env.physics.step`` in a Python loop, without the task
   (observation, reward terms, contact bookkeeping, TorchRL plumbing), so the
   ratio env / bare is what the task machinery costs;
 * the MuJoCo C limit of each measurement: the transitions it simulated (every
-  state and control its backend stepped) simulated again by one
-  ``mujoco.rollout`` call on the same threads, no Python in between. Fallen
-  robots cost the simulator more than standing ones, so a limit measured on
-  other trajectories would not be comparable;
+  state and control its backend stepped) simulated again by ``mujoco.rollout``
+  on the same threads, one call per control step, nothing else in between
+  (``TransitionRecorder``). Fallen robots cost the simulator more than standing
+  ones, so a limit measured on other trajectories would not be comparable. The
+  env and the bare backend are timed in rounds, each replayed right after it
+  (``paired_rate``), so that load from elsewhere meets both alike;
 * TorchRL's own ``torchrl.envs.MicroDuckEnv(scene, backend="mujoco")`` on the
   same scene file;
 * PPO end to end (``waddle train --task walk``'s trainer and env, rollout and
@@ -30,7 +32,7 @@ In one run, on the same embedded MicroDuck model and machine:
 The env and the bare backend are driven by the same kind of controls: uniform
 random actions at 0.3 of the action range around the standing pose.
 
-Usage: ``python benchmarks/throughput.py [--sizes 64 256 1024] [--steps 100]
+Usage: ``python benchmarks/throughput.py [--sizes 64 256 1024] [--steps 20]
 [--ppo-iterations 3]``; ``--randomization-only`` runs the randomization
 comparison alone.
 """
@@ -54,7 +56,11 @@ from waddle.algorithms.presets import make_env
 from waddle.envs.microduck import MicroDuckEnv
 
 REPEATS = 3
-"""Each env, bare-backend and C-limit figure is the best of this many runs: other load only slows a run."""
+"""Each C-limit figure is the best of this many calls: other load only slows a run."""
+ROUNDS = 10
+"""The env and the bare backend are each timed in this many rounds of ``--steps`` control steps, every
+round followed at once by the C limit of the transitions it simulated, so that load which comes and
+goes on a shared machine meets both alike (ratios of runs taken a minute apart swung by 10 %)."""
 ACTION_FRACTION = 0.3
 """Random actions of every env measurement span this fraction of the action range."""
 
@@ -75,9 +81,12 @@ class TransitionRecorder:
 
     A robot lying on the floor costs the simulator more than a standing one, so
     the C limit of a measurement is taken on its own transitions: every
-    (state, control) pair the backend stepped, simulated again by one
-    ``mujoco.rollout`` call (``frame_skip`` substeps each) on the same threads,
-    with no Python between them.
+    (state, control) pair the backend stepped, simulated again by
+    ``mujoco.rollout`` (``frame_skip`` substeps each) on the same threads, one
+    call per control step of the batch it was stepped in, into output arrays
+    allocated once. Replayed in one call, the outputs of every step at once
+    (hundreds of MB) went through memory rather than cache, and the bare
+    backend then ran at up to 1.13 of that "limit".
     """
 
     def __init__(self, env: MicroDuckEnv) -> None:
@@ -94,47 +103,103 @@ class TransitionRecorder:
             self.controls.append(ctrl.detach().cpu().numpy().astype(np.float64))
         self._step(ctrl)
 
+    def clear(self) -> None:
+        """Forget the transitions recorded so far."""
+        self.states.clear()
+        self.controls.clear()
+
+    @property
+    def env_steps(self) -> int:
+        return sum(len(state) for state in self.states)
+
+    def replay(self, pool: rollout.Rollout, datas: list[mujoco.MjData]) -> tuple[float, float]:
+        """Simulate the recorded transitions in C: wall and CPU seconds (every thread of this process)."""
+        model, frame_skip = self.physics.model, self.physics.frame_skip
+        num_envs = len(self.states[0])
+        models = [model] * num_envs
+        control = np.empty((num_envs, frame_skip, model.nu))
+        state = np.zeros((num_envs, frame_skip, len(self.states[0][0])))
+        sensordata = np.zeros((num_envs, frame_skip, model.nsensordata))
+        start, cpu_start = time.perf_counter(), time.process_time()
+        for initial, ctrl in zip(self.states, self.controls, strict=True):
+            control[:] = ctrl[:, None, :]
+            pool.rollout(
+                models, datas, initial, control, skip_checks=True, nstep=frame_skip, state=state, sensordata=sensordata
+            )
+        return time.perf_counter() - start, time.process_time() - cpu_start
+
     def c_limit_rate(self, threads: int, repeats: int = REPEATS) -> float:
-        """Env steps per second of ``mujoco.rollout`` simulating the recorded transitions in one call
-        (the best of ``repeats`` calls)."""
+        """Env steps per second of ``mujoco.rollout`` simulating the recorded transitions (the best of
+        ``repeats`` replays)."""
         return self.c_limit(threads, repeats)[0]
 
     def c_limit(self, threads: int, repeats: int = REPEATS) -> tuple[float, float]:
-        """The C limit's env steps per second (best of ``repeats`` calls) and the CPU seconds per env
-        step that best call took (every thread of this process)."""
-        model, frame_skip = self.physics.model, self.physics.frame_skip
-        states = np.concatenate(self.states)
-        controls = np.repeat(np.concatenate(self.controls)[:, None, :], frame_skip, axis=1)
+        """The C limit's env steps per second (best of ``repeats`` replays) and the CPU seconds per env
+        step that best replay took (every thread of this process)."""
         pool = rollout.Rollout(nthread=threads)
-        datas = [mujoco.MjData(model) for _ in range(threads)]
-        pool.rollout(model, datas, states[: 4 * threads], controls[: 4 * threads])  # warm-up
+        datas = [mujoco.MjData(self.physics.model) for _ in range(threads)]
         best, cpu_per_step = 0.0, math.nan
         for _ in range(repeats):
-            start, cpu_start = time.perf_counter(), time.process_time()
-            pool.rollout(model, datas, states, controls)
-            rate = len(states) / (time.perf_counter() - start)
+            wall, cpu = self.replay(pool, datas)
+            rate = self.env_steps / wall
             if rate > best:
-                best, cpu_per_step = rate, (time.process_time() - cpu_start) / len(states)
+                best, cpu_per_step = rate, cpu / self.env_steps
         pool.close()
         return best, cpu_per_step
 
 
-def waddle_rate(num_envs: int, steps: int, threads: int) -> tuple[float, float]:
-    """The env's steps per second under random actions, and the C limit of the same transitions."""
+@dataclass(frozen=True)
+class PairedRate:
+    """A measurement taken in rounds, each beside the C limit of its own transitions (``ROUNDS``)."""
+
+    rate: float
+    """Env steps per second over every round."""
+    limit: float
+    """The C limit over every round's replay, env steps per second."""
+    ratios: tuple[float, ...]
+    """Each round's rate over the C limit of the transitions it simulated."""
+
+    @property
+    def ratio(self) -> float:
+        """Rate over C limit, every round together."""
+        return self.rate / self.limit
+
+
+def paired_rate(run_round, recorder: TransitionRecorder, threads: int) -> PairedRate:
+    """Time ``run_round()`` ``ROUNDS`` times, each round followed by the C limit of its transitions."""
+    pool = rollout.Rollout(nthread=threads)
+    datas = [mujoco.MjData(recorder.physics.model) for _ in range(threads)]
+    times, limits, steps = [], [], 0
+    for _ in range(ROUNDS):
+        recorder.clear()
+        recorder.recording = True
+        start = time.perf_counter()
+        run_round()
+        times.append(time.perf_counter() - start)
+        recorder.recording = False
+        limits.append(recorder.replay(pool, datas)[0])
+        steps += recorder.env_steps
+    pool.close()
+    return PairedRate(steps / sum(times), steps / sum(limits), tuple(c / t for t, c in zip(times, limits, strict=True)))
+
+
+def waddle_rate(num_envs: int, steps: int, threads: int) -> PairedRate:
+    """The env's steps per second under random actions, stepped as a collector steps it (actor, then
+    ``step_and_maybe_reset``), beside the C limit of the same transitions."""
     env = MicroDuckEnv(num_envs=num_envs, seed=0, num_threads=threads)
     recorder = TransitionRecorder(env)
     policy = random_policy(num_envs)
-    env.rollout(5, policy, break_when_any_done=False)  # warm-up
-    recorder.recording = True
-    rate = 0.0
-    for _ in range(REPEATS):
-        start = time.perf_counter()
-        env.rollout(steps, policy, break_when_any_done=False)
-        rate = max(rate, num_envs * steps / (time.perf_counter() - start))
-    recorder.recording = False
-    limit = recorder.c_limit_rate(threads)
+    carried = env.reset()
+
+    def run_round(count: int = steps) -> None:
+        nonlocal carried
+        for _ in range(count):
+            _, carried = env.step_and_maybe_reset(policy(carried))
+
+    run_round(5)  # warm-up
+    measured = paired_rate(run_round, recorder, threads)
     env.close()
-    return rate, limit
+    return measured
 
 
 @dataclass(frozen=True)
@@ -259,8 +324,8 @@ def task_conditioning_cost(num_envs: int, threads: int, repeats: int = 3) -> dic
     }
 
 
-def bare_backend_rate(num_envs: int, steps: int, threads: int) -> tuple[float, float]:
-    """``env.physics.step`` in a Python loop, and the C limit of the same transitions."""
+def bare_backend_rate(num_envs: int, steps: int, threads: int) -> PairedRate:
+    """``env.physics.step`` in a Python loop, beside the C limit of the same transitions."""
     env = MicroDuckEnv(num_envs=num_envs, seed=0, num_threads=threads)
     recorder = TransitionRecorder(env)
     env.reset()
@@ -268,17 +333,14 @@ def bare_backend_rate(num_envs: int, steps: int, threads: int) -> tuple[float, f
     noise = 2 * torch.rand(steps, num_envs, 14, generator=generator) - 1
     controls = env._home_ctrl + env.action_scale * ACTION_FRACTION * noise
     env.physics.step(controls[0])  # warm-up
-    recorder.recording = True
-    rate = 0.0
-    for _ in range(REPEATS):
-        start = time.perf_counter()
+
+    def run_round() -> None:
         for ctrl in controls:
             env.physics.step(ctrl)
-        rate = max(rate, num_envs * steps / (time.perf_counter() - start))
-    recorder.recording = False
-    limit = recorder.c_limit_rate(threads)
+
+    measured = paired_rate(run_round, recorder, threads)
     env.close()
-    return rate, limit
+    return measured
 
 
 def torchrl_rate(num_envs: int, steps: int, parallel: bool) -> float:
@@ -331,7 +393,7 @@ def print_randomization_cost(num_envs: int, steps: int, threads: int, repeats: i
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[64, 256, 1024])
-    parser.add_argument("--steps", type=int, default=100, help="control steps per measurement")
+    parser.add_argument("--steps", type=int, default=20, help="control steps per round of a measurement")
     parser.add_argument("--torchrl-envs", type=int, default=256, help="batch size for TorchRL's env")
     parser.add_argument("--torchrl-steps", type=int, default=10)
     parser.add_argument(
@@ -365,18 +427,23 @@ def main() -> None:
 
     print(f"MicroDuck scene: {MicroDuckEnv.resolve_scene()}; {args.threads} threads")
     print(
-        "C limit: mujoco.rollout simulating the same transitions as the measurement, in one call\n"
-        f"{'envs':>6} {'waddle env':>11} {'C limit':>9} {'env / C':>8} {'bare backend':>13} {'C limit':>9} "
-        f"{'bare / C':>9}   (env steps/s)"
+        f"C limit: mujoco.rollout simulating the same transitions again; {ROUNDS} rounds of {args.steps} steps, each\n"
+        "replayed right after it; rates over every round, the rounds' range of ratios in brackets\n"
+        f"{'envs':>6} {'waddle env':>11} {'C limit':>9} {'env / C':>19} {'bare backend':>13} {'C limit':>9} "
+        f"{'bare / C':>19}   (env steps/s)"
     )
     results = {}
+
+    def ratio(measured: PairedRate) -> str:
+        return f"{measured.ratio:.2f} [{min(measured.ratios):.2f}-{max(measured.ratios):.2f}]"
+
     for size in args.sizes:
-        ours, ours_limit = waddle_rate(size, args.steps, args.threads)
-        bare, bare_limit = bare_backend_rate(size, args.steps, args.threads)
-        results[size] = ours
+        ours = waddle_rate(size, args.steps, args.threads)
+        bare = bare_backend_rate(size, args.steps, args.threads)
+        results[size] = ours.rate
         print(
-            f"{size:>6} {ours:>11,.0f} {ours_limit:>9,.0f} {ours / ours_limit:>8.2f} {bare:>13,.0f} "
-            f"{bare_limit:>9,.0f} {bare / bare_limit:>9.2f}",
+            f"{size:>6} {ours.rate:>11,.0f} {ours.limit:>9,.0f} {ratio(ours):>19} {bare.rate:>13,.0f} "
+            f"{bare.limit:>9,.0f} {ratio(bare):>19}",
             flush=True,
         )
 
@@ -432,7 +499,7 @@ def main() -> None:
     except Exception as err:  # report, do not hide, why the comparison is missing
         print(f"TorchRL MicroDuckEnv could not run: {type(err).__name__}: {err}")
         return
-    ours = results.get(args.torchrl_envs) or waddle_rate(args.torchrl_envs, args.steps, args.threads)[0]
+    ours = results.get(args.torchrl_envs) or waddle_rate(args.torchrl_envs, args.steps, args.threads).rate
     print(
         f"TorchRL MicroDuckEnv(backend='mujoco', parallel={parallel}) at {args.torchrl_envs} envs: "
         f"{theirs:,.0f} steps/s; "
