@@ -299,6 +299,8 @@ class MicroDuckEnv(MujocoEnv):
         if bool((cycles > 0).any()):
             slots = int(longest) + 1
             self._floor_positions = torch.zeros(self.num_envs, slots, 2, dtype=self.dtype, device=self.device)
+            self._ring_slots = torch.arange(slots, device=self.device)
+            self._env_index = torch.arange(self.num_envs, device=self.device)
         self._ring_slot = 0
         self._tracked_velocity = torch.zeros(self.num_envs, 2, dtype=self.dtype, device=self.device)
 
@@ -470,6 +472,7 @@ class MicroDuckEnv(MujocoEnv):
             "qpos": qpos,
             "qvel": qvel,
             "quaternion": quaternion,
+            "heading": heading(quaternion),
             "gravity": projected_gravity(quaternion),
             "body_velocity": rotate_inverse(quaternion, qvel[:, :3]),
             "joint_error": qpos[:, 7:] - self._home_qpos[7:],
@@ -573,13 +576,13 @@ class MicroDuckEnv(MujocoEnv):
         self._touchdown_air_time = torch.where(column, torch.zeros_like(self._air_time), self._touchdown_air_time)
         self._contacts = self.foot_contacts()
         self._foot_heights = self.foot_heights()
-        self._reset_heading = torch.where(rows, self.heading().detach(), self._reset_heading)
+        state = self._read_state(self.physics.qpos, self.physics.qvel)
+        self._reset_heading = torch.where(rows, state["heading"].detach(), self._reset_heading)
         self._tracked_velocity = torch.where(column, torch.zeros_like(self._tracked_velocity), self._tracked_velocity)
         if self._floor_positions is not None:
-            floor = self.physics.qpos[:, :2].to(self.dtype).unsqueeze(1).expand_as(self._floor_positions)
+            floor = state["qpos"][:, :2].unsqueeze(1).expand_as(self._floor_positions)
             self._floor_positions = torch.where(rows.view(-1, 1, 1), floor, self._floor_positions)
 
-        state = self._read_state(self.physics.qpos, self.physics.qvel)
         out = self._observation_dict(state, reset_rows=rows)
         if self.diagnostics:
             zeros = torch.zeros(self.num_envs, len(self.REWARD_TERMS), dtype=self.dtype, device=self.device)
@@ -724,7 +727,7 @@ class MicroDuckEnv(MujocoEnv):
                 self._push()
         self.physics.step(target)
         qpos, qvel = self.physics.qpos, self.physics.qvel
-        nonfinite = ~(torch.isfinite(qpos).all(-1) & torch.isfinite(qvel).all(-1)) | self.physics.diverged
+        nonfinite = ~torch.isfinite(torch.cat((qpos, qvel), dim=-1)).all(-1) | self.physics.diverged
         if nonfinite.any():
             # Keep the batch finite: the broken envs report the home pose and
             # are terminated, so they are reset before anyone reads them again.
@@ -793,13 +796,12 @@ class MicroDuckEnv(MujocoEnv):
         slots = self._floor_positions.shape[1]
         self._ring_slot = (self._ring_slot + 1) % slots
         floor = state["qpos"][:, :2].to(self.dtype)
-        here = torch.tensor([self._ring_slot], device=self.device)
+        here = self._ring_slots[self._ring_slot : self._ring_slot + 1]
         positions = self._floor_positions.index_copy(1, here, floor.unsqueeze(1))
         span = torch.minimum(self._window_steps, self._step_count).clamp_min(1)
-        envs = torch.arange(self.num_envs, device=self.device)
-        earlier = positions[envs, (self._ring_slot - span) % slots]
+        earlier = positions[self._env_index, (self._ring_slot - span) % slots]
         world = (floor - earlier) / (span.to(self.dtype) * self.control_dt).unsqueeze(-1)
-        yaw = heading(state["quaternion"])
+        yaw = state["heading"]
         cos, sin = yaw.cos(), yaw.sin()
         averaged = torch.stack([cos * world[:, 0] + sin * world[:, 1], cos * world[:, 1] - sin * world[:, 0]], dim=-1)
         instantaneous = state["body_velocity"][:, :2]
@@ -834,7 +836,7 @@ class MicroDuckEnv(MujocoEnv):
             "foot_heights": self._foot_heights,
             "touchdown_air_time": self._touchdown_air_time,
             "gait_phase": state["phase"],
-            "heading_error": wrap_angle(heading(state["quaternion"]) - self._reset_heading),
+            "heading_error": wrap_angle(state["heading"] - self._reset_heading),
             "command": self._command,
             "tracked_velocity": state["body_velocity"][:, :2]
             if self._floor_positions is None
