@@ -496,7 +496,13 @@ class TaskTable:
         rows = self.matrix.index_select(0, task_id)
         out: dict[str, Any] = {}
         for path, start, stop, shape, dtype in self._layout:
-            value = rows[:, start:stop].reshape(-1, *shape)
+            # One view op per entry: a reset makes about fifty of them.
+            if not shape:
+                value = rows.select(1, start)
+            elif len(shape) == 1:
+                value = rows[:, start:stop]
+            else:
+                value = rows[:, start:stop].unflatten(1, shape)
             if dtype != rows.dtype:
                 value = value.to(dtype)
             target = out
