@@ -55,8 +55,6 @@ from waddle.algorithms.ppo import PPO, PPOConfig, default_update_threads, torch_
 from waddle.algorithms.presets import make_env
 from waddle.envs.microduck import MicroDuckEnv
 
-REPEATS = 3
-"""Each C-limit figure is the best of this many calls: other load only slows a run."""
 ROUNDS = 10
 """The env and the bare backend are each timed in this many rounds of ``--steps`` control steps, every
 round followed at once by the C limit of the transitions it simulated, so that load which comes and
@@ -127,25 +125,6 @@ class TransitionRecorder:
                 models, datas, initial, control, skip_checks=True, nstep=frame_skip, state=state, sensordata=sensordata
             )
         return time.perf_counter() - start, time.process_time() - cpu_start
-
-    def c_limit_rate(self, threads: int, repeats: int = REPEATS) -> float:
-        """Env steps per second of ``mujoco.rollout`` simulating the recorded transitions (the best of
-        ``repeats`` replays)."""
-        return self.c_limit(threads, repeats)[0]
-
-    def c_limit(self, threads: int, repeats: int = REPEATS) -> tuple[float, float]:
-        """The C limit's env steps per second (best of ``repeats`` replays) and the CPU seconds per env
-        step that best replay took (every thread of this process)."""
-        pool = rollout.Rollout(nthread=threads)
-        datas = [mujoco.MjData(self.physics.model) for _ in range(threads)]
-        best, cpu_per_step = 0.0, math.nan
-        for _ in range(repeats):
-            wall, cpu = self.replay(pool, datas)
-            rate = self.env_steps / wall
-            if rate > best:
-                best, cpu_per_step = rate, cpu / self.env_steps
-        pool.close()
-        return best, cpu_per_step
 
 
 @dataclass(frozen=True)
@@ -237,7 +216,8 @@ def ppo_rate(
     num_envs: int, iterations: int, threads: int, overlap: bool = False, start_from: str | None = None
 ) -> PPOThroughput:
     """PPO's env steps per second over ``iterations`` iterations after one warm-up, the C limit of
-    the transitions it simulated, the update's share of the time and the CPU seconds of each part.
+    the transitions it simulated (each iteration's replayed right after it), the update's share of the
+    time and the CPU seconds of each part.
 
     With ``overlap`` the rollout runs during the update (``--overlap-rollout``); the share is then the
     update's time over the iteration's, most of it hidden behind the simulator, and the CPU seconds of
@@ -252,26 +232,35 @@ def ppo_rate(
     if start_from is not None:
         trainer.load_state_dict(load_checkpoint(start_from)["trainer"])
     trainer.train_iteration()  # warm-up
-    update_s = rollout_cpu_s = update_cpu_s = 0.0
-    recorder.recording = True
-    start = time.perf_counter()
+    elapsed = update_s = rollout_cpu_s = update_cpu_s = limit_s = limit_cpu_s = 0.0
+    replayed = 0
+    pool = rollout.Rollout(nthread=threads)
+    datas = [mujoco.MjData(env.physics.model) for _ in range(threads)]
     for _ in range(iterations):
+        # Each iteration's transitions are replayed right after it, so that load from elsewhere meets both alike.
+        recorder.clear()
+        recorder.recording = True
+        start = time.perf_counter()
         metrics = trainer.train_iteration()
+        elapsed += time.perf_counter() - start
+        recorder.recording = False
         update_s += metrics["perf/update_s"]
         rollout_cpu_s += metrics["perf/rollout_cpu_s"]
         update_cpu_s += metrics["perf/update_cpu_s"]
-    elapsed = time.perf_counter() - start
-    recorder.recording = False
-    limit, limit_cpu_per_step = recorder.c_limit(threads)
+        wall, cpu = recorder.replay(pool, datas)
+        limit_s += wall
+        limit_cpu_s += cpu
+        replayed += recorder.env_steps
+    pool.close()
     env.close()
     steps = iterations * trainer.steps_per_iteration
     return PPOThroughput(
         rate=steps / elapsed,
-        limit=limit,
+        limit=replayed / limit_s,
         update_share=update_s / elapsed,
         rollout_cpu_s=1e3 * rollout_cpu_s / steps,
         update_cpu_s=1e3 * update_cpu_s / steps,
-        limit_cpu_s=1e3 * limit_cpu_per_step,
+        limit_cpu_s=1e3 * limit_cpu_s / replayed,
         cores=len(os.sched_getaffinity(0)),
     )
 
@@ -450,7 +439,7 @@ def main() -> None:
     if args.ppo_iterations:
         print(
             f"PPO end to end (walk task, default settings, {args.ppo_iterations} iterations after a warm-up), "
-            "and with --overlap-rollout; C limit of each one's transitions:\n"
+            "and with --overlap-rollout; C limit of each one's transitions, each iteration replayed right after it:\n"
             f"{'envs':>6} {'PPO':>9} {'C limit':>9} {'PPO / C':>8} {'update share':>13} {'overlap':>9} "
             f"{'C limit':>9} {'overlap / C':>12}   (env steps/s)"
         )
