@@ -373,17 +373,23 @@ def test_the_training_episode_horizon_is_a_flag_recorded_in_the_checkpoint(tmp_p
     assert "note: the policy trained on episodes of 8 steps; past step 8" in capsys.readouterr().out
 
 
+def recorded_calls(monkeypatch, module, name: str, record) -> list:
+    """Wrap ``module.name`` so that each call first appends ``record(kwargs)`` to the list returned."""
+    seen = []
+    original = getattr(module, name)
+
+    def wrapper(*args, **kwargs):
+        seen.append(record(kwargs))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, wrapper)
+    return seen
+
+
 def test_push_scale_trains_on_harder_pushes_while_eval_and_export_keep_the_preset(tmp_path, capsys, monkeypatch):
     import waddle.cli.train as train_cli
 
-    drawn = []
-    build = train_cli.make_env
-
-    def recording_make_env(*args, **kwargs):
-        drawn.append(kwargs["randomization"])
-        return build(*args, **kwargs)
-
-    monkeypatch.setattr(train_cli, "make_env", recording_make_env)
+    drawn = recorded_calls(monkeypatch, train_cli, "make_env", lambda kwargs: kwargs["randomization"])
     out = tmp_path / "run"
     argv = ["train", "--task", "walk", "--total-steps", "256", *TINY, "--video-frames", "0"]
     assert main([*argv, "--out", str(out), "--randomization", "upstream", "--push-scale", "1.5"]) == 0
@@ -421,14 +427,7 @@ def test_the_update_threads_left_out_follow_the_overlap(tmp_path, monkeypatch, f
     import waddle.cli.train as train_cli
 
     monkeypatch.setattr(train_cli.os, "sched_getaffinity", lambda pid: {0, 1})
-    seen = []
-    build = train_cli.make_trainer
-
-    def recording_make_trainer(*args, **kwargs):
-        seen.append(kwargs["update_threads"])
-        return build(*args, **kwargs)
-
-    monkeypatch.setattr(train_cli, "make_trainer", recording_make_trainer)
+    seen = recorded_calls(monkeypatch, train_cli, "make_trainer", lambda kwargs: kwargs["update_threads"])
     argv = ["train", "--task", "standing", "--total-steps", "256", *TINY, "--video-frames", "0", "--out", str(tmp_path)]
     assert main([*argv, *flags]) == 0
     assert seen == [threads]
