@@ -201,6 +201,21 @@ def test_bad_actions_are_refused(env, action, message):
         env.step(TensorDict(action=action, batch_size=[3]))
 
 
+def test_a_reset_command_outside_the_box_names_the_first_envs_and_how_many():
+    env = MicroDuckEnv(num_envs=12, seed=0, tasks=MicroDuckEnv.tracking_task(0.2))  # the box is (0.2, 0) exactly
+    try:
+        command = torch.zeros(12, 2)
+        first = r"\[0, 1, 2, 3, 4, 5, 6, 7, ...\] \(12 in all\): got \[\[0\.0, 0\.0\](, \[0\.0, 0\.0\]){7}\], boxes"
+        with pytest.raises(ValueError, match=rf"command box for envs {first}"):
+            env.reset(TensorDict(command=command, batch_size=[12]))
+        command[:, 0] = 0.2
+        command[[2, 5], 0] = 0.5
+        with pytest.raises(ValueError, match=r"for envs \[2, 5\]: got \[\[0\.5, 0\.0\], \[0\.5, 0\.0\]\], boxes"):
+            env.reset(TensorDict(command=command, batch_size=[12]))
+    finally:
+        env.close()
+
+
 @pytest.mark.parametrize(
     "kwargs, error, message",
     [

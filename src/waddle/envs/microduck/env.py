@@ -66,6 +66,15 @@ from waddle.envs.mujoco_env import MujocoEnv
 from waddle.envs.rotations import heading, projected_gravity, rotate, rotate_inverse, wrap_angle
 
 _REFUSED_KWARGS = ("xml_path", "patch_xml", "frame_skip")
+_LISTED = 8
+"""Envs an error message lists by name; a batch of thousands would bury the message."""
+
+
+def _first(values: list[Any]) -> str:
+    """``values`` for an error message: the first ``_LISTED`` of them, and how many there are in all."""
+    if len(values) <= _LISTED:
+        return str(values)
+    return f"{str(values[:_LISTED])[:-1]}, ...] ({len(values)} in all)"
 
 
 class MicroDuckEnv(MujocoEnv):
@@ -651,7 +660,7 @@ class MicroDuckEnv(MujocoEnv):
             if outside.any():
                 raise ValueError(
                     f"task_id at reset must index the library of {num_tasks} tasks (0..{num_tasks - 1}); "
-                    f"got {task_id[outside].tolist()}."
+                    f"got {_first(task_id[outside].tolist())}."
                 )
             return torch.where(rows, task_id, self._task_id)
         return torch.multinomial(self.tasks.weight, self.num_envs, replacement=True, generator=self.rng)
@@ -670,9 +679,10 @@ class MicroDuckEnv(MujocoEnv):
             outside = rows.unsqueeze(-1) & ((command < low - 1e-6) | (command > high + 1e-6))
             if outside.any():
                 bad = outside.any(-1).nonzero().flatten().tolist()
+                shown = bad[:_LISTED]
                 raise ValueError(
-                    f"command at reset is outside the task's command box for envs {bad}: "
-                    f"got {command[bad].tolist()}, boxes low={low[bad].tolist()} high={high[bad].tolist()}."
+                    f"command at reset is outside the task's command box for envs {_first(bad)}: "
+                    f"got {command[shown].tolist()}, boxes low={low[shown].tolist()} high={high[shown].tolist()}."
                 )
             return command
         fraction = torch.rand(self.num_envs, 2, generator=self.rng, device=self.device, dtype=self.dtype)
@@ -770,7 +780,7 @@ class MicroDuckEnv(MujocoEnv):
             raise ValueError(f"action must be a floating tensor of shape {expected}, got dtype {action.dtype}.")
         if not torch.isfinite(action).all():
             bad = (~torch.isfinite(action)).any(-1).nonzero().flatten().tolist()
-            raise ValueError(f"action of shape {expected} has non-finite entries in envs {bad}.")
+            raise ValueError(f"action of shape {expected} has non-finite entries in envs {_first(bad)}.")
         return action.to(self.dtype)
 
     def _update_contacts(self, nonfinite: torch.Tensor) -> None:
