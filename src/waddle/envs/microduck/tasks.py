@@ -217,7 +217,7 @@ def make_task(
 
     Example:
         >>> task = make_task((0.1, 0.0), (0.3, 0.0), name="walk", tracking_std=0.2, gait_frequency_per_mps=5.0)
-        >>> float(task.params["tracking_std"]), float(task.gait_frequency_per_mps)
+        >>> round(float(task.params["tracking_std"]), 6), float(task.gait_frequency_per_mps)
         (0.2, 5.0)
     """
     if not isinstance(name, str) or not name:
