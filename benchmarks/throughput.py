@@ -108,6 +108,7 @@ class TransitionRecorder:
 
     @property
     def env_steps(self) -> int:
+        """Env steps recorded since the last ``clear``."""
         return sum(len(state) for state in self.states)
 
     def replay(self, pool: rollout.Rollout, datas: list[mujoco.MjData]) -> tuple[float, float]:
@@ -131,10 +132,14 @@ class TransitionRecorder:
 class PairedRate:
     """A measurement taken in rounds, each beside the C limit of its own transitions (``ROUNDS``)."""
 
+    seconds: float
+    """Wall seconds of the rounds together."""
     rate: float
     """Env steps per second over every round."""
     limit: float
     """The C limit over every round's replay, env steps per second."""
+    limit_cpu_s: float
+    """CPU seconds (every thread of this process) per env step of the replays."""
     ratios: tuple[float, ...]
     """Each round's rate over the C limit of the transitions it simulated."""
 
@@ -144,22 +149,25 @@ class PairedRate:
         return self.rate / self.limit
 
 
-def paired_rate(run_round, recorder: TransitionRecorder, threads: int) -> PairedRate:
-    """Time ``run_round()`` ``ROUNDS`` times, each round followed by the C limit of its transitions."""
+def paired_rate(run_round, recorder: TransitionRecorder, threads: int, rounds: int = ROUNDS) -> PairedRate:
+    """Time ``run_round()`` ``rounds`` times, each round followed by the C limit of its transitions."""
     pool = rollout.Rollout(nthread=threads)
     datas = [mujoco.MjData(recorder.physics.model) for _ in range(threads)]
-    times, limits, steps = [], [], 0
-    for _ in range(ROUNDS):
+    times, limits, cpu, steps = [], [], 0.0, 0
+    for _ in range(rounds):
         recorder.clear()
         recorder.recording = True
         start = time.perf_counter()
         run_round()
         times.append(time.perf_counter() - start)
         recorder.recording = False
-        limits.append(recorder.replay(pool, datas)[0])
+        wall, replay_cpu = recorder.replay(pool, datas)
+        limits.append(wall)
+        cpu += replay_cpu
         steps += recorder.env_steps
     pool.close()
-    return PairedRate(steps / sum(times), steps / sum(limits), tuple(c / t for t, c in zip(times, limits, strict=True)))
+    ratios = tuple(c / t for t, c in zip(times, limits, strict=True))
+    return PairedRate(sum(times), steps / sum(times), steps / sum(limits), cpu / steps, ratios)
 
 
 def waddle_rate(num_envs: int, steps: int, threads: int) -> PairedRate:
@@ -232,35 +240,23 @@ def ppo_rate(
     if start_from is not None:
         trainer.load_state_dict(load_checkpoint(start_from)["trainer"])
     trainer.train_iteration()  # warm-up
-    elapsed = update_s = rollout_cpu_s = update_cpu_s = limit_s = limit_cpu_s = 0.0
-    replayed = 0
-    pool = rollout.Rollout(nthread=threads)
-    datas = [mujoco.MjData(env.physics.model) for _ in range(threads)]
-    for _ in range(iterations):
-        # Each iteration's transitions are replayed right after it, so that load from elsewhere meets both alike.
-        recorder.clear()
-        recorder.recording = True
-        start = time.perf_counter()
+    totals = dict.fromkeys(("perf/update_s", "perf/rollout_cpu_s", "perf/update_cpu_s"), 0.0)
+
+    def run_round() -> None:
         metrics = trainer.train_iteration()
-        elapsed += time.perf_counter() - start
-        recorder.recording = False
-        update_s += metrics["perf/update_s"]
-        rollout_cpu_s += metrics["perf/rollout_cpu_s"]
-        update_cpu_s += metrics["perf/update_cpu_s"]
-        wall, cpu = recorder.replay(pool, datas)
-        limit_s += wall
-        limit_cpu_s += cpu
-        replayed += recorder.env_steps
-    pool.close()
+        for key in totals:
+            totals[key] += metrics[key]
+
+    measured = paired_rate(run_round, recorder, threads, rounds=iterations)
     env.close()
     steps = iterations * trainer.steps_per_iteration
     return PPOThroughput(
-        rate=steps / elapsed,
-        limit=replayed / limit_s,
-        update_share=update_s / elapsed,
-        rollout_cpu_s=1e3 * rollout_cpu_s / steps,
-        update_cpu_s=1e3 * update_cpu_s / steps,
-        limit_cpu_s=1e3 * limit_cpu_s / replayed,
+        rate=steps / measured.seconds,
+        limit=measured.limit,
+        update_share=totals["perf/update_s"] / measured.seconds,
+        rollout_cpu_s=1e3 * totals["perf/rollout_cpu_s"] / steps,
+        update_cpu_s=1e3 * totals["perf/update_cpu_s"] / steps,
+        limit_cpu_s=1e3 * measured.limit_cpu_s,
         cores=len(os.sched_getaffinity(0)),
     )
 
