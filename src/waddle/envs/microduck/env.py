@@ -74,7 +74,8 @@ def _first(values: list[Any]) -> str:
     """``values`` for an error message: the first ``_LISTED`` of them, and how many there are in all."""
     if len(values) <= _LISTED:
         return str(values)
-    return f"{str(values[:_LISTED])[:-1]}, ...] ({len(values)} in all)"
+    shown = ", ".join(map(str, values[:_LISTED]))
+    return f"[{shown}, ...] ({len(values)} in all)"
 
 
 class MicroDuckEnv(MujocoEnv):
