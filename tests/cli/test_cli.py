@@ -315,6 +315,14 @@ def test_every_config_field_has_a_documented_flag():
             assert flag in helps and docs[field.name] in helps[flag].replace("%%", "%"), flag
 
 
+def resolve_new_run(tmp_path, *flags):
+    """What ``resolve_config`` makes of ``waddle train --out <tmp_path>/run FLAGS``: the config and checkpoint."""
+    from waddle.cli.main import build_parser
+    from waddle.cli.train import resolve_config
+
+    return resolve_config(build_parser().parse_args(["train", "--out", str(tmp_path / "run"), *flags]))
+
+
 @pytest.mark.parametrize(
     ("argv", "steps"),
     [
@@ -325,11 +333,7 @@ def test_every_config_field_has_a_documented_flag():
     ],
 )
 def test_the_step_budget_left_out_follows_the_task(argv, steps, tmp_path):
-    from waddle.cli.main import build_parser
-    from waddle.cli.train import resolve_config
-
-    args = build_parser().parse_args(["train", "--out", str(tmp_path / "run"), *argv])
-    config, checkpoint = resolve_config(args)
+    config, checkpoint = resolve_new_run(tmp_path, *argv)
     assert checkpoint is None
     assert config["run"]["total_steps"] == steps
 
@@ -346,11 +350,7 @@ def test_the_step_budget_left_out_follows_the_task(argv, steps, tmp_path):
     ],
 )
 def test_the_mirror_loss_left_out_follows_the_task(argv, coef, tmp_path):
-    from waddle.cli.main import build_parser
-    from waddle.cli.train import resolve_config
-
-    args = build_parser().parse_args(["train", "--out", str(tmp_path / "run"), *argv])
-    config, _ = resolve_config(args)
+    config, _ = resolve_new_run(tmp_path, *argv)
     assert config["algorithm"]["mirror_loss_coef"] == coef
 
 
@@ -442,22 +442,14 @@ def test_the_update_threads_left_out_follow_the_overlap(tmp_path, monkeypatch, f
     ],
 )
 def test_a_push_scale_that_cannot_apply_is_refused_naming_it(flags, message, tmp_path):
-    from waddle.cli.main import build_parser
-    from waddle.cli.train import resolve_config
-
-    args = build_parser().parse_args(["train", "--out", str(tmp_path / "run"), *flags])
     with pytest.raises(ValueError, match=message):
-        resolve_config(args)
+        resolve_new_run(tmp_path, *flags)
 
 
 @pytest.mark.parametrize("steps", ["0", "-5"])
 def test_a_training_horizon_that_is_not_positive_is_refused(steps, tmp_path):
-    from waddle.cli.main import build_parser
-    from waddle.cli.train import resolve_config
-
-    args = build_parser().parse_args(["train", "--out", str(tmp_path / "run"), "--max-episode-steps", steps])
     with pytest.raises(ValueError, match="max_episode_steps must be an integer >= 1"):
-        resolve_config(args)
+        resolve_new_run(tmp_path, "--max-episode-steps", steps)
 
 
 @pytest.mark.parametrize(
@@ -477,11 +469,7 @@ def test_a_training_horizon_that_is_not_positive_is_refused(steps, tmp_path):
     ids=["shac", "shac-walk", "shac-given", "apg", "ppo", "ppo-walk"],
 )
 def test_an_algorithm_brings_its_run_defaults(tmp_path, flags, expected):
-    from waddle.cli.main import build_parser
-    from waddle.cli.train import resolve_config
-
-    args = build_parser().parse_args(["train", "--out", str(tmp_path / "run"), *flags])
-    config, _ = resolve_config(args)
+    config, _ = resolve_new_run(tmp_path, *flags)
     assert {name: config["run"][name] for name in expected} == expected
 
 
@@ -490,11 +478,7 @@ def test_an_algorithm_brings_its_run_defaults(tmp_path, flags, expected):
     [([], 25_600), (["--total-steps", "4096"], 4096), (["--total-steps", "4096", "--lr-decay-steps", "1000"], 1000)],
 )
 def test_shacs_learning_rate_schedule_spans_the_run_unless_given(tmp_path, flags, decay_steps):
-    from waddle.cli.main import build_parser
-    from waddle.cli.train import resolve_config
-
-    args = build_parser().parse_args(["train", "--out", str(tmp_path / "run"), "--algo", "shac", *flags])
-    config, _ = resolve_config(args)
+    config, _ = resolve_new_run(tmp_path, "--algo", "shac", *flags)
     assert config["algorithm"]["lr_schedule"] == "linear"
     assert config["algorithm"]["lr_decay_steps"] == decay_steps
 
@@ -538,11 +522,7 @@ def test_an_analytic_gradient_checkpoint_evaluates_and_exports_on_the_native_env
 
 
 def test_a_task_default_of_another_algorithm_is_not_applied(tmp_path):
-    from waddle.cli.main import build_parser
-    from waddle.cli.train import resolve_config
-
-    args = build_parser().parse_args(["train", "--out", str(tmp_path / "run"), "--task", "walk", "--algo", "shac"])
-    config, _ = resolve_config(args)
+    config, _ = resolve_new_run(tmp_path, "--task", "walk", "--algo", "shac")
     assert "mirror_loss_coef" not in config["algorithm"]  # SHAC has no mirror loss, and is not handed one
 
 
