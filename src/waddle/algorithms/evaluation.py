@@ -65,7 +65,7 @@ def trained_push_scale(checkpoint: Mapping[str, Any]) -> float:
     return float(upgrade_run_fields(run if isinstance(run, Mapping) else {})["push_scale"])
 
 
-POLICY_ENV_FIELDS: tuple[str, ...] = ("sensor_history", "action_scale")
+POLICY_ENV_FIELDS: tuple[str, ...] = ("sensor_history", "action_scale", "action_mode")
 """Run-config fields that are also MicroDuckEnv options a policy depends on: what it reads (the stack of
 sensor frames) and what its action means (radians per unit). Every env a policy runs in takes them as trained."""
 

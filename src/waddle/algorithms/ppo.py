@@ -31,12 +31,15 @@ observation only, as before. The library's task names are saved with the
 state and a state saved for another library is refused on load.
 
 The actor reads ``"observation"`` (``actor_observation="full"``, the default)
-or what the robot can measure, ``"sensor_observation"`` (``"sensors"``). The
-critic reads ``"observation"`` and, when the env reports them, the drawn
-randomization values under ``("randomization", <name>)`` flattened after it:
-privileged information that only training needs (asymmetric actor-critic).
-When the two networks read the same entry they share one normaliser, as they
-always did; otherwise each has its own (the state's ``"critic_normalizer"``).
+or what the robot can measure, ``"sensor_observation"`` (``"sensors"``), or
+exactly what the robot's daemon feeds its policy, ``"robot_observation"``
+(``"robot"``). The critic reads ``"observation"``, then the robot observation
+when the actor reads it (it alone holds the yaw-rate command), then, when the
+env reports them, the drawn randomization values under ``("randomization",
+<name>)``, flattened: privileged information that only training needs
+(asymmetric actor-critic). When the two networks read the same entry they
+share one normaliser; otherwise each has its own (the state's
+``"critic_normalizer"``).
 A state saved with another ``actor_observation`` is refused on load.
 
 When the env reports its weighted reward terms (``MicroDuckEnv(diagnostics=True)``
@@ -74,6 +77,7 @@ from waddle.collectors.rollout import RolloutCollector
 from waddle.modules.networks import (
     LOG_STD_BOUNDS,
     OBSERVATION_KEY,
+    ROBOT_OBSERVATION_KEY,
     SENSOR_OBSERVATION_KEY,
     GaussianPolicy,
     GeneratorActor,
@@ -86,7 +90,11 @@ from waddle.modules.normalizer import RunningNormalizer
 from waddle.modules.task_embedding import TASK_ID_KEY
 
 LR_SCHEDULES = ("constant", "adaptive")
-ACTOR_OBSERVATIONS: dict[str, str] = {"full": OBSERVATION_KEY, "sensors": SENSOR_OBSERVATION_KEY}
+ACTOR_OBSERVATIONS: dict[str, str] = {
+    "full": OBSERVATION_KEY,
+    "sensors": SENSOR_OBSERVATION_KEY,
+    "robot": ROBOT_OBSERVATION_KEY,
+}
 """``PPOConfig.actor_observation`` -> the env entry the actor reads."""
 RANDOMIZATION_KEY = "randomization"
 """The env's entry holding each env's drawn randomization values, one sub-entry per parameter."""
@@ -140,8 +148,9 @@ class PPOConfig:
     """Width of the task-id embedding the actor and the critic read beside the observation when the env's
     task library holds more than one task (0: they never read the task id)."""
     actor_observation: str = "full"
-    """What the actor reads: 'full' (the env's 56-value observation, linear velocity included) or 'sensors'
-    (sensor_observation, what the robot measures on board; the critic keeps the full observation)."""
+    """What the actor reads: 'full' (the env's 56-value observation, linear velocity included), 'sensors'
+    (sensor_observation, what the robot measures on board) or 'robot' (robot_observation: the 61 floats the
+    MicroDuck's daemon feeds its policy); the critic keeps the full observation."""
     mirror_loss_coef: float = 0.0
     """Weight of the mirror loss (0: none): the mean over a minibatch of the squared distance, summed over
     action entries, between the actor's mean action on the left-right reflected observation and the
@@ -220,13 +229,16 @@ def check_actor_observation(saved: str, requested: str, *, what: str = "checkpoi
 _DESCRIPTIONS = {
     "full": "observation: the 56-value ground truth, linear velocity included",
     "sensors": "sensor_observation: IMU, encoders, command, gait clock, previous action; 53 values",
+    "robot": "robot_observation: the MicroDuck daemon's 61 floats, no gait clock",
 }
 
 
-def critic_keys(env: EnvBase) -> list[str | tuple[str, str]]:
-    """The entries the critic reads, in order: ``"observation"``, then each ``("randomization", name)``
-    the env reports (none when it reports no randomization)."""
+def critic_keys(env: EnvBase, actor_key: str = OBSERVATION_KEY) -> list[str | tuple[str, str]]:
+    """The entries the critic reads, in order: ``"observation"``, the robot observation when the actor
+    reads it, then each ``("randomization", name)`` the env reports (none when it reports no randomization)."""
     keys: list[str | tuple[str, str]] = [OBSERVATION_KEY]
+    if actor_key == ROBOT_OBSERVATION_KEY:
+        keys.append(ROBOT_OBSERVATION_KEY)
     values = env.observation_spec.get(RANDOMIZATION_KEY, None)
     if values is not None:
         keys += [(RANDOMIZATION_KEY, name) for name in values.keys()]
@@ -447,7 +459,7 @@ class PPO:
                 f"does not report; its entries: {sorted(map(str, env.observation_spec.keys()))}."
             )
         self.mirrors = mirrors_of(env, self.actor_key) if config.mirror_loss_coef > 0 else None
-        self.critic_keys = critic_keys(env)
+        self.critic_keys = critic_keys(env, self.actor_key)
         observation_dim = env.observation_spec[self.actor_key].shape[-1]
         action_dim = env.action_spec.shape[-1]
         low, high = env.action_spec.space.low, env.action_spec.space.high

@@ -25,6 +25,7 @@ from waddle.collectors.rollout import split_envs
 from waddle.envs.microduck import MicroDuckEnv, MicroDuckTask
 from waddle.envs.microduck.randomization import PRESETS as RANDOMIZATION_PRESETS
 from waddle.envs.microduck.randomization import MicroDuckRandomization
+from waddle.envs.microduck.tasks import SPEED_RANGE_PRIOR, WALKING_PRIOR
 from waddle.physics import BACKENDS as PHYSICS_BACKENDS
 from waddle.physics import backend_class, differentiable_backends
 
@@ -36,26 +37,56 @@ JUMP_MIX_WEIGHT = 3.0
 
 TASKS: dict[str, Callable[[], list[MicroDuckTask]]] = {
     "standing": lambda: [MicroDuckEnv.standing_task()],
-    "walk": lambda: [MicroDuckEnv.tracking_task(WALK_SPEED)],
-    "speed-range": lambda: [MicroDuckEnv.speed_range_task(0.1, 0.3)],
-    "sidestep": lambda: [MicroDuckEnv.sidestep_task(0.15)],
+    "walk": lambda: [MicroDuckEnv.tracking_task(WALK_SPEED, **WALKING_PRIOR)],
+    "speed-range": lambda: [MicroDuckEnv.speed_range_task(0.1, 0.3, **SPEED_RANGE_PRIOR)],
+    "sidestep": lambda: [MicroDuckEnv.sidestep_task(0.15, **WALKING_PRIOR)],
     "jump": lambda: [MicroDuckEnv.jump_task()],
     "mix": lambda: [
         MicroDuckEnv.standing_task(),
-        MicroDuckEnv.tracking_task(WALK_SPEED),
-        MicroDuckEnv.sidestep_task(0.15),
+        MicroDuckEnv.tracking_task(WALK_SPEED, **WALKING_PRIOR),
+        MicroDuckEnv.sidestep_task(0.15, **WALKING_PRIOR),
         MicroDuckEnv.jump_task(),
     ],
     # The reference's jump recipe: started from a walking policy, the jump row drawn three times as often.
     "jump-mix": lambda: [
-        MicroDuckEnv.tracking_task(WALK_SPEED),
+        MicroDuckEnv.tracking_task(WALK_SPEED, **WALKING_PRIOR),
         MicroDuckEnv.standing_task(),
         MicroDuckEnv.jump_task(weight=JUMP_MIX_WEIGHT),
     ],
+    # The robot's own contract: a twist from a gamepad, no clock, no prior.
+    "joystick": lambda: [MicroDuckEnv.joystick_task()],
 }
-"""``--task`` name -> a function returning the task library of that name."""
+"""``--task`` name -> a function returning the task library of that name. The walking recipes add the gait
+prior (``WALKING_PRIOR``) that TorchRL's factories leave out."""
 
-TASK_TOTAL_STEPS: dict[str, int] = {"walk": 6_000_000, "speed-range": 6_000_000, "sidestep": 6_000_000}
+JOYSTICK_ACTION_SCALE = 0.7
+"""Radians of servo target per unit of action of the joystick recipe: the gamepad runtime's own default, so
+a robot whose config overrides the policy's ``action_scale`` with its default still drives what was trained."""
+
+TASK_RUN_DEFAULTS: dict[str, dict[str, Any]] = {
+    "joystick": {
+        "randomization": "upstream",
+        "action_mode": "robot",
+        "action_scale": JOYSTICK_ACTION_SCALE,
+        "max_episode_steps": 1000,
+    },
+}
+"""``--task`` -> the run fields (``TrainConfig``) a new run of that task takes when their flags are left out.
+The joystick task trains what the robot runs: under upstream's randomization, with the robot's action law,
+on 20 s episodes (as long as the evaluation's)."""
+
+
+def task_run_defaults(task: str) -> dict[str, Any]:
+    """The run fields a new run of ``task`` takes unless given (see :data:`TASK_RUN_DEFAULTS`)."""
+    return dict(TASK_RUN_DEFAULTS.get(task, {}))
+
+
+TASK_TOTAL_STEPS: dict[str, int] = {
+    "walk": 6_000_000,
+    "speed-range": 6_000_000,
+    "sidestep": 6_000_000,
+    "joystick": 20_000_000,
+}
 """``--total-steps`` of a new run of these tasks when the flag is left out (others: ``TrainConfig``'s).
 
 Walking takes longer than standing: on ``walk`` (mirror loss 0.3), PPO held 0.2 m/s within 0.05
@@ -66,6 +97,7 @@ Walking takes longer than standing: on ``walk`` (mirror loss 0.3), PPO held 0.2 
 TASK_ALGORITHM_DEFAULTS: dict[str, dict[str, dict[str, Any]]] = {
     "walk": {"ppo": {"mirror_loss_coef": 0.3}},
     "speed-range": {"ppo": {"mirror_loss_coef": 0.3}},
+    "joystick": {"ppo": {"mirror_loss_coef": 0.3, "actor_observation": "robot"}},
 }
 """``--task`` -> ``--algo`` -> the config fields a new run of that task takes when their flags are left out.
 
@@ -146,7 +178,7 @@ def make_env(
     backend: str = "mujoco",
     differentiable: bool = False,
     device: torch.device | str = "cpu",
-    command: tuple[float, float] | None = None,
+    command: tuple[float, ...] | None = None,
     **kwargs: Any,
 ) -> MicroDuckEnv:
     """The MicroDuck env of ``--task`` ``task`` on ``backend``.
@@ -161,9 +193,9 @@ def make_env(
             :func:`waddle.physics.differentiable_backends`).
         device: torch device of the env.
         command: when given, every task of the library gets this fixed
-            planar command ``(vx, vy)`` instead of its own box (``waddle eval
-            --command``); the rest of each task (reward, gait clock and
-            prior) is unchanged.
+            twist instead of its own box: ``(vx, vy)`` or ``(vx, vy, vyaw)``
+            (``waddle eval --command``), held for the whole episode; the rest
+            of each task (reward, gait clock and prior) is unchanged.
         **kwargs: forwarded to :class:`MicroDuckEnv` (``randomization``: a name of
             :data:`RANDOMIZATIONS`, or anything that class takes).
     """
@@ -182,11 +214,29 @@ def make_env(
         kwargs["requires_grad"] = True
     tasks = TASKS[task]()
     if command is not None:
-        fixed = torch.tensor([float(command[0]), float(command[1])])
-        tasks = [row.clone() for row in tasks]
-        for row in tasks:
-            row.command_low, row.command_high = fixed.clone(), fixed.clone()
+        tasks = [fixed_command(row, command) for row in tasks]
     return MicroDuckEnv(tasks=tasks, num_envs=num_envs, seed=seed, backend=backend, device=device, **kwargs)
+
+
+def fixed_command(task: MicroDuckTask, command: tuple[float, ...]) -> MicroDuckTask:
+    """A copy of ``task`` that commands the twist ``(vx, vy)`` or ``(vx, vy, vyaw)`` for whole episodes:
+    its box and yaw range shrunk to the point, no standing or turning shares, no new commands.
+
+    Raises:
+        ValueError: ``command`` does not hold 2 or 3 finite numbers.
+    """
+    values = [float(value) for value in command]
+    if len(values) not in (2, 3) or not all(math.isfinite(value) for value in values):
+        raise ValueError(f"command must be 2 or 3 finite numbers (vx vy [vyaw]), got {list(command)!r}.")
+    vx, vy, vyaw = (values + [0.0])[:3]
+    row = task.clone()
+    row.command_low = torch.tensor([vx, vy])
+    row.command_high = torch.tensor([vx, vy])
+    row.yaw_rate_range = torch.tensor([vyaw, vyaw])
+    row.turn_in_place_fraction = torch.tensor(0.0)
+    row.standing_fraction = torch.tensor(0.0)
+    row.command_resample_s = torch.tensor([0.0, 0.0])
+    return row
 
 
 COLLECTOR_SEED_STRIDE = 1_000_003
@@ -273,6 +323,7 @@ ADDED_RUN_FIELDS: dict[str, Any] = {
     "collectors": 1,
     "collector_backend": "process",
     "ray_address": "",
+    "action_mode": "residual",
 }
 """Run-config (``TrainConfig``) fields added since checkpoints were first written -> the value
 a checkpoint without the field was trained with (no field: no randomization)."""
@@ -301,7 +352,7 @@ def training_randomization(name: str, push_scale: float = 1.0) -> str | MicroDuc
     return MicroDuckRandomization.preset(name).with_pushes_scaled(push_scale)
 
 
-ACTOR_OBSERVATIONS: tuple[str, ...] = ("full", "sensors")
+ACTOR_OBSERVATIONS: tuple[str, ...] = ("full", "sensors", "robot")
 """``--actor-observation`` names: what a PPO actor reads (see ``waddle.algorithms.ppo.ACTOR_OBSERVATIONS``)."""
 
 

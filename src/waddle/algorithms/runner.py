@@ -42,6 +42,9 @@ from waddle.algorithms.loggers import LOGGERS
 from waddle.algorithms.presets import RANDOMIZATIONS, training_randomization
 from waddle.algorithms.trainer import Trainer
 from waddle.collectors.rollout import COLLECTOR_BACKENDS, CollectorDiedError, split_envs
+from waddle.envs.microduck import MicroDuckEnv
+
+ACTION_MODES: tuple[str, ...] = MicroDuckEnv.ACTION_MODES
 
 REMOTE_COLLECTOR_BACKENDS = tuple(backend for backend in COLLECTOR_BACKENDS if backend != "direct")
 """``TrainConfig.collector_backend`` names."""
@@ -82,7 +85,10 @@ class TrainConfig:
     actor reads (1: the latest only); a robot runtime keeps the same number (the export's sidecar says it)."""
     action_scale: float = 0.35
     """Radians of servo target per unit of action, on top of the STAND pose and the gait prior (the policy's
-    actions live in [-1, 1]); the export's sidecar records it."""
+    actions live in [-1, 1]), or of the HOME pose with '--action-mode robot'; the export records it."""
+    action_mode: str = "residual"
+    """What an action means: 'residual' (an offset in [-1, 1] around the STAND pose plus the task's gait
+    prior) or 'robot' (the MicroDuck daemon's HOME + action_scale * action, unclipped, no prior)."""
     max_episode_steps: int = 500
     """Control steps after which a training episode is cut (truncated, its value bootstrapped): 500 = 10 s at
     50 Hz (--algo shac: 128 unless given). A policy never sees a state later than this in training; 'waddle eval'
@@ -137,6 +143,8 @@ class TrainConfig:
             )
         if self.randomization not in RANDOMIZATIONS:
             raise ValueError(f"randomization must be one of {', '.join(RANDOMIZATIONS)}; got {self.randomization!r}.")
+        if self.action_mode not in ACTION_MODES:
+            raise ValueError(f"action_mode must be one of {', '.join(ACTION_MODES)}; got {self.action_mode!r}.")
         if self.push_scale != 1.0:
             try:
                 training_randomization(self.randomization, self.push_scale)

@@ -49,11 +49,13 @@ from waddle.algorithms.presets import (
     make_env,
     make_trainer,
     task_algorithm_defaults,
+    task_run_defaults,
     training_randomization,
     upgrade_config_fields,
     upgrade_run_fields,
 )
 from waddle.algorithms.runner import (
+    ACTION_MODES,
     CHECKPOINT_FILE,
     CONFIG_FILE,
     CURVE_FILE,
@@ -88,6 +90,7 @@ CHOICES = {
     "logger": LOGGERS,
     "randomization": RANDOMIZATIONS,
     "actor_observation": ACTOR_OBSERVATIONS,
+    "action_mode": ACTION_MODES,
     "collector_backend": REMOTE_COLLECTOR_BACKENDS,
 }
 
@@ -316,6 +319,8 @@ def resolve_config(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, 
         for name, value in algorithm_run_defaults(run_flags.get("algo", TrainConfig.algo)).items():
             run_flags.setdefault(name, value)
         task = run_flags.get("task", TrainConfig.task)
+        for name, value in task_run_defaults(task).items():
+            run_flags.setdefault(name, value)
         if "total_steps" not in run_flags and task in TASK_TOTAL_STEPS:
             run_flags["total_steps"] = TASK_TOTAL_STEPS[task]
         run = TrainConfig(**run_flags)
@@ -395,6 +400,7 @@ def run(args: argparse.Namespace) -> int:
         randomization=training_randomization(run_config.randomization, run_config.push_scale),
         sensor_history=run_config.sensor_history,
         action_scale=run_config.action_scale,
+        action_mode=run_config.action_mode,
         max_episode_steps=run_config.max_episode_steps,
     )
     env_factories, ray_init = None, None
@@ -560,6 +566,7 @@ def _film(trainer: Trainer, run_config: TrainConfig, path: Path, device: str) ->
         randomization=run_config.randomization,
         sensor_history=run_config.sensor_history,
         action_scale=run_config.action_scale,
+        action_mode=run_config.action_mode,
     )
     try:
         film(env, trainer.deterministic_policy(), path, frames=run_config.video_frames)

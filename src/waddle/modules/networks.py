@@ -36,6 +36,7 @@ OBSERVATION_KEY = "observation"
 """The entry of the env's TensorDict both networks read by default."""
 
 SENSOR_OBSERVATION_KEY = "sensor_observation"
+ROBOT_OBSERVATION_KEY = "robot_observation"
 """The entry holding what the robot measures on board (an actor trained for deployment reads it)."""
 
 LOG_STD_BOUNDS = (-5.0, 1.0)

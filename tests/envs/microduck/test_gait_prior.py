@@ -11,6 +11,7 @@ import torch
 from tensordict import TensorDict
 
 from waddle.envs.microduck import MicroDuckEnv, constants
+from waddle.envs.microduck.tasks import WALKING_PRIOR
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +76,11 @@ def test_prior_values_by_hand():
 
 
 def test_prior_is_off_for_standing_and_jumping():
-    library = [MicroDuckEnv.tracking_task(0.2), MicroDuckEnv.standing_task(), MicroDuckEnv.jump_task()]
+    library = [
+        MicroDuckEnv.tracking_task(0.2, **WALKING_PRIOR),
+        MicroDuckEnv.standing_task(),
+        MicroDuckEnv.jump_task(),
+    ]
     env = MicroDuckEnv(num_envs=3, seed=0, tasks=library)
     env.reset(TensorDict(task_id=torch.tensor([0, 1, 2]), batch_size=[3]))
     env._step_count[:] = 30

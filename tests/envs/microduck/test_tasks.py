@@ -11,6 +11,7 @@ from tensordict import TensorDict
 from waddle.envs.microduck.rewards import GAIT_TERMS, REWARD_PARAMS, REWARD_TERMS, register_reward, tracking
 from waddle.envs.microduck.tasks import (
     COMMAND_THRESHOLD,
+    SPEED_RANGE_PRIOR,
     MicroDuckTask,
     TaskTable,
     as_task_library,
@@ -54,7 +55,7 @@ def test_tracking_task():
     assert_vector(task.command_high, [0.2, 0.0])
     assert weights_of(task) == pytest.approx({**defaults(), "heading_hold": 2.0})
     assert_vector(task.params["pose_std"], 0.5)
-    assert_vector(task.gait_prior_lift, 0.25)
+    assert_vector(task.gait_prior_lift, 0.0)  # TorchRL's factory: no prior unless asked for
     assert_vector(task.gait_prior_stride_per_mps, 0.0)
     assert_vector(task.gait_frequency_hz, 1.8913)
     assert_vector(task.gait_frequency_per_mps, 0.0)
@@ -109,8 +110,10 @@ def test_speed_range_task():
     assert_vector(task.params["tracking_off_axis_std"], 0.05)
     assert_vector(task.params["tracking_window_cycles"], 1.0)
     assert weights_of(task) == pytest.approx({**defaults(), "heading_hold": 2.0})
-    assert_vector(task.gait_prior_lift, 0.25)
-    assert_vector(task.gait_prior_stride_per_mps, 1.0)  # the hips swing 0.3 rad at 0.3 m/s
+    assert_vector(task.gait_prior_lift, 0.0)  # TorchRL's factory: no prior unless asked for
+    assert_vector(task.gait_prior_stride_per_mps, 0.0)
+    # waddle train's speed-range recipe: the lift, and the hips swing 0.3 rad at 0.3 m/s
+    assert SPEED_RANGE_PRIOR == {"gait_prior_lift": 0.25, "gait_prior_stride_per_mps": 1.0}
     features = TensorDict(
         {
             "command": torch.tensor([[0.1, 0.0]]),
@@ -136,7 +139,7 @@ def test_sidestep_task():
     assert_vector(task.command_low, [0.0, 0.15])
     assert_vector(task.command_high, [0.0, 0.15])
     assert weights_of(task) == pytest.approx({**defaults(), "heading_hold": 2.0})
-    assert_vector(task.gait_prior_lift, 0.25)
+    assert_vector(task.gait_prior_lift, 0.0)  # TorchRL's factory: no prior unless asked for
     assert_vector(task.params["progress_off_axis_std"], 0.1)  # across a sideways command is forward
     assert sidestep_task(-0.1).name == "sidestep-0.10"
 

@@ -17,21 +17,35 @@ gait clock              3   sin, cos of the gait phase, and a 0->1 ramp after re
 previous action        14   the action applied by the last step
 ====================  ====  ===================================================
 
-The action is a normalized offset in ``[-1, 1]^14`` around the STAND
-actuator targets plus the task's gait prior (zero unless the task sets one:
-the walking presets do): ``ctrl = stand_ctrl + gait_prior + action_scale *
-action``, held for ``CONTROL_DT`` = 0.02 s (50 Hz, 10 physics substeps). Actions outside the
-action space are clipped to it, as the bounded action spec says; with
-``diagnostics=True`` the fraction of clipped entries is reported.
+The action, in the default ``action_mode="residual"``, is a normalized
+offset in ``[-1, 1]^14`` around the STAND actuator targets plus the task's
+gait prior (zero unless the task sets one): ``ctrl = stand_ctrl + gait_prior
++ action_scale * action``, held for ``CONTROL_DT`` = 0.02 s (50 Hz, 10
+physics substeps). Actions outside the action space are clipped to it, as the
+bounded action spec says; with ``diagnostics=True`` the fraction of clipped
+entries is reported. With ``action_mode="robot"`` the env applies the
+MicroDuck daemon's law instead: ``ctrl = DEFAULT_JOINT_POS + action_scale *
+action`` around upstream's HOME pose (:mod:`~waddle.envs.microduck.robot`),
+nothing clipped but by the actuators' own ranges and no gait prior; episodes
+start in the HOME pose, and joint errors are measured from it.
+
+Each env's command is a twist: the planar ``"command"`` ``(vx, vy)`` and
+``"yaw_rate_command"`` ``(vyaw,)``, drawn at reset from the task's box and
+yaw-rate range (zero unless the task turns) and, for tasks with
+``command_resample_s``, drawn anew within the episode.
 
 ``"sensor_observation"`` (53 values, layout in
 :data:`~waddle.envs.microduck.sensors.SENSOR_FIELDS`) is what the robot can
 measure: IMU gravity and gyro, encoder positions and velocities, the command,
 the gait clock and the previous action, with the noise and delays of the
 env's :class:`~waddle.envs.microduck.randomization.MicroDuckRandomization`.
-``"observation"`` stays noise-free ground truth (a critic's input), and a
-randomized env reports each env's drawn values under ``("randomization",
-<name>)``.
+``"robot_observation"`` (61 values, layout in
+:data:`~waddle.envs.microduck.robot.ROBOT_FIELDS`) is what the robot's own
+daemon feeds its policy: gyro, gravity, joints from the default pose, joint
+velocities one control step old, the previous raw action and the twist, with
+the same sensor effects. ``"observation"`` stays noise-free ground truth (a
+critic's input), and a randomized env reports each env's drawn values under
+``("randomization", <name>)``.
 """
 
 from __future__ import annotations
@@ -48,6 +62,7 @@ from tensordict import TensorDict, TensorDictBase
 from torchrl.data import Bounded, Categorical, Composite, Unbounded
 
 from waddle.envs.microduck import assets, constants, rewards
+from waddle.envs.microduck import robot as robot_contract
 from waddle.envs.microduck import tasks as presets
 from waddle.envs.microduck.randomization import (
     DelayLine,
@@ -64,6 +79,18 @@ from waddle.envs.microduck.symmetry import MIRRORS, SignedPermutation
 from waddle.envs.microduck.tasks import MicroDuckTask
 from waddle.envs.mujoco_env import MujocoEnv
 from waddle.envs.rotations import heading, projected_gravity, rotate, rotate_inverse, wrap_angle
+
+ROBOT_NOISY_FIELDS: dict[str, str] = {
+    "base_ang_vel": "gyro_noise",
+    "projected_gravity": "gravity_noise",
+    "joint_pos": "joint_position_noise",
+    "joint_vel": "joint_velocity_noise",
+}
+"""Robot observation field -> the randomization attribute holding its noise half-width."""
+
+ROBOT_NOISE_SEED_OFFSET = 0x5EED
+"""The robot observation's noise has a generator of its own, seeded ``seed + ROBOT_NOISE_SEED_OFFSET``, so
+that the env's other draws (tasks, commands, randomization, pushes) are the same with or without it."""
 
 _REFUSED_KWARGS = ("xml_path", "patch_xml", "frame_skip")
 _LISTED = 8
@@ -92,6 +119,10 @@ class MicroDuckEnv(MujocoEnv):
         tasks: one :class:`MicroDuckTask`, a sequence of them, or a stacked
             library of shape ``(num_tasks,)``. Defaults to :meth:`tracking_task`.
         action_scale: position-target offset in radians of a unit action.
+        action_mode: ``"residual"`` (the default: a clipped offset around the
+            STAND pose plus the task's gait prior) or ``"robot"`` (the MicroDuck
+            daemon's ``DEFAULT_JOINT_POS + action_scale * action``, unclipped;
+            a library with a gait prior is refused).
         diagnostics: add every weighted reward term (``diagnostic_reward_<term>``,
             summing to the reward) and pose diagnostics to the observations.
         root: directory of downloaded microduck_rl checkouts.
@@ -142,6 +173,12 @@ class MicroDuckEnv(MujocoEnv):
     """Width of ``"sensor_observation"``."""
     SENSOR_FIELDS: ClassVar[dict[str, SensorField]] = SENSOR_FIELDS
     """The sensor observation's fields (indices, units) by name."""
+    ROBOT_OBSERVATION_DIM: ClassVar[int] = robot_contract.ROBOT_OBSERVATION_DIM
+    """Width of ``"robot_observation"``, the robot daemon's policy input."""
+    ROBOT_FIELDS: ClassVar[dict[str, SensorField]] = robot_contract.ROBOT_FIELDS
+    """The robot observation's fields (indices, units) by name, in the daemon's order."""
+    ACTION_MODES: ClassVar[tuple[str, ...]] = ("residual", "robot")
+    """``action_mode`` names: offsets around STAND plus the gait prior, clipped to [-1, 1]; or the robot's law."""
     MIRRORS: ClassVar[dict[str, SignedPermutation]] = MIRRORS
     """The left-right reflection of ``"observation"``, ``"sensor_observation"`` and ``"action"``
     (see :mod:`~waddle.envs.microduck.symmetry`; PPO's mirror loss reads it)."""
@@ -183,6 +220,7 @@ class MicroDuckEnv(MujocoEnv):
     standing_task = staticmethod(presets.standing_task)
     speed_range_task = staticmethod(presets.speed_range_task)
     sidestep_task = staticmethod(presets.sidestep_task)
+    joystick_task = staticmethod(presets.joystick_task)
     jump_task = staticmethod(presets.jump_task)
     make_task = staticmethod(presets.make_task)
     register_reward = staticmethod(rewards.register_reward)
@@ -193,6 +231,7 @@ class MicroDuckEnv(MujocoEnv):
         *,
         tasks: MicroDuckTask | Sequence[MicroDuckTask] | None = None,
         action_scale: float = 0.35,
+        action_mode: str = "residual",
         diagnostics: bool = False,
         root: str | Path | None = None,
         download: bool | str = False,
@@ -212,6 +251,9 @@ class MicroDuckEnv(MujocoEnv):
             raise ValueError(f"max_episode_steps must be an integer >= 1, got {max_episode_steps!r}.")
         if isinstance(sensor_history, bool) or not isinstance(sensor_history, int) or sensor_history < 1:
             raise ValueError(f"sensor_history must be an integer >= 1 (frames), got {sensor_history!r}.")
+        if action_mode not in self.ACTION_MODES:
+            raise ValueError(f"action_mode must be one of {self.ACTION_MODES}, got {action_mode!r}.")
+        self.action_mode = action_mode
         self.sensor_history = sensor_history
         if sensor_history > 1:
             self.MIRRORS = {**MIRRORS, "sensor_observation": MIRRORS["sensor_observation"].tiled(sensor_history)}
@@ -234,6 +276,14 @@ class MicroDuckEnv(MujocoEnv):
         self.max_episode_steps = max_episode_steps
         library = presets.tracking_task() if tasks is None else tasks
         self.tasks = presets.as_task_library(library).to(self.device)
+        self._check_action_mode()
+        # Libraries that never turn, share or redraw commands draw nothing for them.
+        self._twist = bool(
+            (self.tasks.yaw_rate_range != 0).any()
+            or (self.tasks.turn_in_place_fraction > 0).any()
+            or (self.tasks.standing_fraction > 0).any()
+            or (self.tasks.command_resample_s > 0).any()
+        )
         # Rows are gathered per env at every reset, from one packed matrix.
         self._task_table = presets.TaskTable(self.tasks)
         self._configure_from_model()
@@ -268,12 +318,28 @@ class MicroDuckEnv(MujocoEnv):
             "those ranges nominal: joint_offset, imu_tilt, pushes, delays and noise work on every backend."
         )
 
+    def _check_action_mode(self) -> None:
+        if self.action_mode != "robot":
+            return
+        prior = (self.tasks.gait_prior_lift > 0) | (self.tasks.gait_prior_stride_per_mps > 0)
+        if bool(prior.any()):
+            names = [name for name, on in zip(self.tasks.name, prior.tolist()) if on]
+            raise ValueError(
+                f"action_mode='robot' adds nothing to the policy's action, but tasks {names} have a gait prior "
+                "(gait_prior_lift or gait_prior_stride_per_mps > 0); build them without one."
+            )
+
     def _configure_from_model(self) -> None:
         model = self.model
         key = model.key(constants.STAND_KEYFRAME)
         as_tensor = lambda array: torch.as_tensor(array.copy(), dtype=self.dtype, device=self.device)  # noqa: E731
         self._home_qpos = as_tensor(key.qpos)
         self._home_ctrl = as_tensor(key.ctrl)
+        if self.action_mode == "robot":
+            # The robot's default pose: episodes start in it and the actions are offsets from it.
+            pose = torch.tensor(robot_contract.DEFAULT_JOINT_POS, dtype=self.dtype, device=self.device)
+            self._home_qpos[7:] = pose
+            self._home_ctrl = pose.clone()
         pattern = lambda rows: torch.tensor(rows, dtype=self.dtype, device=self.device)  # noqa: E731
         self._swing_lift = pattern((constants.SWING_LIFT_LEFT, constants.SWING_LIFT_RIGHT))
         self._stride = pattern(constants.STRIDE)
@@ -287,14 +353,18 @@ class MicroDuckEnv(MujocoEnv):
         zeros = lambda *shape, dtype=self.dtype: torch.zeros(*shape, dtype=dtype, device=self.device)  # noqa: E731
         self._task_id = zeros(n, dtype=torch.long)
         self._command = zeros(n, 2)
+        self._yaw_rate_command = zeros(n)
+        self._resample_timer = torch.full((n,), math.inf, dtype=self.dtype, device=self.device)
         self._adopt_episodes()
         self._step_count = zeros(n, dtype=torch.long)
         self._previous_action = zeros(n, j)
+        pose_commands = sum(self.ROBOT_FIELDS[name].size for name in ("head_command", "body_command"))
+        self._no_pose_command = zeros(1, pose_commands)
         self._contacts = zeros(n, 2, dtype=torch.bool)
         self._foot_heights = zeros(n, 2)
         self._air_time = zeros(n, 2)
         self._touchdown_air_time = zeros(n, 2)
-        self._reset_heading = zeros(n)
+        self._target_heading = zeros(n)
 
     def _allocate_tracking_window(self) -> None:
         """A ring of the trunk's last floor positions, as long as the library's longest tracking window.
@@ -351,18 +421,31 @@ class MicroDuckEnv(MujocoEnv):
                 scale[SENSOR_FIELDS[field].indices] = getattr(config, attribute)
             self._sensor_noise = scale
         self._sensor = torch.zeros(n, self.sensor_history, SENSOR_DIM, dtype=self.dtype, device=self.device)
+        # The servo firmware's velocity is one control step old at least.
+        robot_lag = max(1, config.joint_velocity_delay)
+        self._robot_joint_velocity_line = line(self.NUM_JOINTS, robot_lag)
+        self._robot_joint_velocity_line.set_delay(torch.full((n,), robot_lag), torch.ones(n, dtype=torch.bool))
+        self._robot_noise = None
+        if config.noisy:
+            scale = torch.zeros(self.ROBOT_OBSERVATION_DIM, dtype=self.dtype, device=self.device)
+            for field, attribute in ROBOT_NOISY_FIELDS.items():
+                scale[self.ROBOT_FIELDS[field].indices] = getattr(config, attribute)
+            self._robot_noise = scale
 
     def _make_specs(self) -> None:
         n = self.num_envs
         num_tasks = self.tasks.shape[0]
         task_id_spec = Bounded(0, num_tasks - 1, shape=(n, 1), dtype=torch.int64, device=self.device)
         command_spec = Unbounded(shape=(n, 2), dtype=self.dtype, device=self.device)
+        yaw_rate_spec = Unbounded(shape=(n, 1), dtype=self.dtype, device=self.device)
         observation = {
             "observation": Unbounded(shape=(n, self.OBSERVATION_DIM), dtype=self.dtype, device=self.device),
             "sensor_observation": Unbounded(
                 shape=(n, self.sensor_history * SENSOR_DIM), dtype=self.dtype, device=self.device
             ),
+            "robot_observation": Unbounded(shape=(n, self.ROBOT_OBSERVATION_DIM), dtype=self.dtype, device=self.device),
             "command": command_spec.clone(),
+            "yaw_rate_command": yaw_rate_spec.clone(),
             "task_id": task_id_spec.clone(),
         }
         if self.from_pixels:
@@ -379,11 +462,25 @@ class MicroDuckEnv(MujocoEnv):
             }
             observation["randomization"] = Composite(values, shape=(n,))
         self.observation_spec = Composite(observation, shape=(n,))
-        self.state_spec = Composite(task_id=task_id_spec, command=command_spec, shape=(n,))
-        self.action_spec = Bounded(-1.0, 1.0, shape=(n, self.NUM_JOINTS), dtype=self.dtype, device=self.device)
+        self.state_spec = Composite(
+            task_id=task_id_spec, command=command_spec, yaw_rate_command=yaw_rate_spec, shape=(n,)
+        )
+        self.action_spec = self._make_action_spec()
         self.reward_spec = Unbounded(shape=(n, 1), dtype=self.dtype, device=self.device)
         done = Categorical(2, shape=(n, 1), dtype=torch.bool, device=self.device)
         self.done_spec = Composite(done=done, terminated=done.clone(), truncated=done.clone(), shape=(n,))
+
+    def _make_action_spec(self) -> Bounded:
+        """``[-1, 1]^14`` for residual actions; for robot actions, the actuators' control ranges
+        around the default pose, in action units: the only bounds the robot has."""
+        n, j = self.num_envs, self.NUM_JOINTS
+        if self.action_mode != "robot":
+            return Bounded(-1.0, 1.0, shape=(n, j), dtype=self.dtype, device=self.device)
+        ranges = torch.as_tensor(self.model.actuator_ctrlrange.copy(), dtype=self.dtype, device=self.device)
+        limited = torch.as_tensor(self.model.actuator_ctrllimited.copy(), device=self.device).bool()
+        low = torch.where(limited, (ranges[:, 0] - self._home_ctrl) / self.action_scale, -torch.inf)
+        high = torch.where(limited, (ranges[:, 1] - self._home_ctrl) / self.action_scale, torch.inf)
+        return Bounded(low.expand(n, j), high.expand(n, j), shape=(n, j), dtype=self.dtype, device=self.device)
 
     def _diagnostic_keys(self) -> list[str]:
         return [f"diagnostic_reward_{name}" for name in self.REWARD_TERMS] + [
@@ -405,9 +502,17 @@ class MicroDuckEnv(MujocoEnv):
         if self._floor_positions is not None:
             self._floor_positions = self._floor_positions.detach()
         self._sensor = self._sensor.detach()
-        for line in (self._action_line, self._imu_line, self._joint_velocity_line):
+        for line in (self._action_line, self._imu_line, self._joint_velocity_line, self._robot_joint_velocity_line):
             if line is not None:
                 line.detach()
+
+    def _set_seed(self, seed: int | None) -> None:
+        if seed is None:
+            seed = int(torch.empty((), dtype=torch.int64).random_().item())
+        super()._set_seed(seed)
+        if not hasattr(self, "_robot_rng"):
+            self._robot_rng = torch.Generator(device=self.rng.device)
+        self._robot_rng.manual_seed(int(seed) + ROBOT_NOISE_SEED_OFFSET)
 
     # ------------------------------------------------------------------
     # Robot readings
@@ -506,15 +611,17 @@ class MicroDuckEnv(MujocoEnv):
             dim=-1,
         )
 
-    def _sensor_observation(
+    def _sensor_readings(
         self, state: dict[str, torch.Tensor], reset_rows: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """What the robot measures after a step, or at a reset of ``reset_rows``: ``sensor_history``
-        frames of layout ``SENSOR_FIELDS``, newest first.
+    ) -> dict[str, torch.Tensor]:
+        """What the robot's IMU and encoders read after a step, or at a reset of ``reset_rows``, before noise.
 
-        At a reset the delay lines and the history of the reset envs are filled
-        with the current readings and the other envs keep the sensor observation
-        they had.
+        ``imu`` is gravity and gyro in the IMU frame, ``joint_position`` the encoder
+        angle (its bias included) minus the default pose, ``joint_velocity`` the
+        encoder velocity through the randomization's delay, and
+        ``robot_joint_velocity`` the same at least one control step old (the
+        servo firmware's). At a reset the delay lines of the reset envs are
+        filled with the current readings.
         """
         qvel = state["qvel"]
         n = qvel.shape[0]
@@ -522,7 +629,11 @@ class MicroDuckEnv(MujocoEnv):
         body = torch.stack([state["gravity"], qvel[:, 3:6]], dim=1)
         imu = (body @ self._imu_rotation).reshape(n, 6)
         joint_velocity = qvel[:, 6:]
-        lines = ((self._imu_line, imu), (self._joint_velocity_line, joint_velocity))
+        lines = (
+            (self._imu_line, imu),
+            (self._joint_velocity_line, joint_velocity),
+            (self._robot_joint_velocity_line, joint_velocity),
+        )
         delayed = []
         for line, value in lines:
             if line is None:
@@ -532,14 +643,31 @@ class MicroDuckEnv(MujocoEnv):
             else:
                 line.fill(value, reset_rows)
                 delayed.append(line.read())
-        imu, joint_velocity = delayed
+        imu, joint_velocity, robot_joint_velocity = delayed
+        return {
+            "imu": imu,
+            "joint_position": state["qpos"][:, 7:] + self._joint_offset - self._home_qpos[7:],
+            "joint_velocity": joint_velocity,
+            "robot_joint_velocity": robot_joint_velocity,
+            "clock": state["clock"],
+        }
+
+    def _sensor_observation(
+        self, readings: dict[str, torch.Tensor], reset_rows: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """What the robot measures, as ``sensor_history`` frames of layout ``SENSOR_FIELDS``, newest first.
+
+        At a reset the history of the reset envs is filled with the current
+        reading and the other envs keep the sensor observation they had.
+        """
+        n = readings["imu"].shape[0]
         sensor = torch.cat(
             [
-                imu,
+                readings["imu"],
                 self._command,
-                state["qpos"][:, 7:] + self._joint_offset - self._home_qpos[7:],
-                joint_velocity,
-                state["clock"],
+                readings["joint_position"],
+                readings["joint_velocity"],
+                readings["clock"],
                 self._previous_action,
             ],
             dim=-1,
@@ -554,6 +682,31 @@ class MicroDuckEnv(MujocoEnv):
             frames = torch.cat([sensor.unsqueeze(1), self._sensor[:, :-1]], dim=1)
         self._sensor = frames
         return frames.reshape(n, -1)
+
+    def _robot_observation(
+        self, readings: dict[str, torch.Tensor], state: dict[str, torch.Tensor], reset_rows: torch.Tensor | None
+    ) -> torch.Tensor:
+        """The robot daemon's 61 floats (``ROBOT_FIELDS``): gyro, gravity, joints, lagged joint
+        velocities, the previous raw action, the twist, and zero head and body commands."""
+        n = readings["imu"].shape[0]
+        imu = readings["imu"]
+        observation = torch.cat(
+            [
+                imu[:, 3:6],
+                imu[:, :3],
+                readings["joint_position"],
+                readings["robot_joint_velocity"],
+                self._previous_action,
+                self._command,
+                self._yaw_rate_command.unsqueeze(-1),
+                self._no_pose_command.expand(n, -1),
+            ],
+            dim=-1,
+        )
+        if self._robot_noise is not None:
+            fraction = torch.rand(n, self.ROBOT_OBSERVATION_DIM, generator=self._robot_rng, device=self.device)
+            observation = observation + self._robot_noise * (2.0 * fraction.to(self.dtype) - 1.0)
+        return observation
 
     def _fallen(self, state: dict[str, torch.Tensor]) -> torch.Tensor:
         upright = -state["gravity"][:, 2]
@@ -571,7 +724,7 @@ class MicroDuckEnv(MujocoEnv):
 
         task_id = self._draw_task_id(tensordict, rows)
         episode_task = self._task_table[task_id]
-        command = self._draw_command(tensordict, episode_task, rows)
+        command, yaw_rate = self._draw_command(tensordict, episode_task, rows)
         qpos, qvel = self._initial_state(episode_task, command)
         self._draw_randomization(rows)
         self.physics.reset(qpos, qvel, mask)
@@ -579,6 +732,9 @@ class MicroDuckEnv(MujocoEnv):
         column = rows.unsqueeze(-1)
         self._task_id = torch.where(rows, task_id, self._task_id)
         self._command = torch.where(column, command, self._command)
+        self._yaw_rate_command = torch.where(rows, yaw_rate, self._yaw_rate_command)
+        if self._twist:
+            self._resample_timer = torch.where(rows, self._resample_interval(episode_task), self._resample_timer)
         self._adopt_episodes()
         self._step_count = torch.where(rows, torch.zeros_like(self._step_count), self._step_count)
         self._previous_action = torch.where(column, torch.zeros_like(self._previous_action), self._previous_action)
@@ -587,7 +743,7 @@ class MicroDuckEnv(MujocoEnv):
         self._contacts = self.foot_contacts()
         self._foot_heights = self.foot_heights()
         state = self._read_state(self.physics.qpos, self.physics.qvel)
-        self._reset_heading = torch.where(rows, state["heading"].detach(), self._reset_heading)
+        self._target_heading = torch.where(rows, state["heading"].detach(), self._target_heading)
         self._tracked_velocity = torch.where(column, torch.zeros_like(self._tracked_velocity), self._tracked_velocity)
         if self._floor_positions is not None:
             floor = state["qpos"][:, :2].unsqueeze(1).expand_as(self._floor_positions)
@@ -668,26 +824,110 @@ class MicroDuckEnv(MujocoEnv):
 
     def _draw_command(
         self, tensordict: TensorDictBase | None, episode_task: Mapping[str, Any], rows: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each env's twist for a reset: the planar command ``(num_envs, 2)`` and the yaw rate ``(num_envs,)``.
+
+        ``command`` and ``yaw_rate_command`` entries of the reset TensorDict pin
+        them (inside the task's box and range); the rest is drawn.
+        """
+        command, yaw_rate = self._draw_twist(episode_task)
+        pinned = tensordict is not None and "command" in tensordict.keys()
+        if pinned:
+            command = self._pinned_command(tensordict["command"], episode_task, rows)
+        if tensordict is not None and "yaw_rate_command" in tensordict.keys():
+            yaw_rate = self._pinned_yaw_rate(tensordict["yaw_rate_command"], episode_task, rows)
+        elif pinned and self._twist:
+            # A pinned planar command is not turned by a drawn yaw rate.
+            yaw_rate = torch.zeros_like(yaw_rate)
+        return command, yaw_rate
+
+    def _draw_twist(self, episode_task: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        """A twist drawn per env from its task: uniform in the box and the yaw range, then the task's
+        shares of standing (a zero twist) and turning in place (no planar command, a yaw rate of at least
+        ``TURN_IN_PLACE_MIN_FRACTION`` of the range's largest magnitude)."""
+        low, high = episode_task["command_low"], episode_task["command_high"]
+        fraction = torch.rand(self.num_envs, 2, generator=self.rng, device=self.device, dtype=self.dtype)
+        command = low + fraction * (high - low)
+        yaw_rate = torch.zeros(self.num_envs, dtype=self.dtype, device=self.device)
+        if not self._twist:
+            return command, yaw_rate
+        n = self.num_envs
+        draws = torch.rand(n, 4, generator=self.rng, device=self.device, dtype=self.dtype)
+        yaw_low, yaw_high = episode_task["yaw_rate_range"].unbind(-1)
+        yaw_rate = yaw_low + draws[:, 0] * (yaw_high - yaw_low)
+        standing = draws[:, 1] < episode_task["standing_fraction"]
+        turning = ~standing & (draws[:, 1] < episode_task["standing_fraction"] + episode_task["turn_in_place_fraction"])
+        largest = torch.maximum(yaw_low.abs(), yaw_high.abs())
+        magnitude = largest * (
+            presets.TURN_IN_PLACE_MIN_FRACTION + (1 - presets.TURN_IN_PLACE_MIN_FRACTION) * draws[:, 2]
+        )
+        turn = torch.where(draws[:, 3] < 0.5, -magnitude, magnitude).clamp(yaw_low, yaw_high)
+        yaw_rate = torch.where(turning, turn, torch.where(standing, torch.zeros_like(yaw_rate), yaw_rate))
+        still = (standing | turning).unsqueeze(-1)
+        command = torch.where(still, torch.zeros_like(command).clamp(low, high), command)
+        return command, yaw_rate
+
+    def _pinned_command(
+        self, command: torch.Tensor, episode_task: Mapping[str, Any], rows: torch.Tensor
     ) -> torch.Tensor:
         low, high = episode_task["command_low"], episode_task["command_high"]
-        if tensordict is not None and "command" in tensordict.keys():
-            command = tensordict["command"].to(self.device, self.dtype)
-            if command.shape != (self.num_envs, 2) or not torch.isfinite(command[rows]).all():
-                raise ValueError(
-                    f"command at reset must be a finite ({self.num_envs}, 2) tensor of (vx, vy); "
-                    f"got shape {tuple(command.shape)}."
-                )
-            outside = rows.unsqueeze(-1) & ((command < low - 1e-6) | (command > high + 1e-6))
-            if outside.any():
-                bad = outside.any(-1).nonzero().flatten().tolist()
-                shown = bad[:_LISTED]
-                raise ValueError(
-                    f"command at reset is outside the task's command box for envs {_first(bad)}: "
-                    f"got {command[shown].tolist()}, boxes low={low[shown].tolist()} high={high[shown].tolist()}."
-                )
-            return command
-        fraction = torch.rand(self.num_envs, 2, generator=self.rng, device=self.device, dtype=self.dtype)
-        return low + fraction * (high - low)
+        command = command.to(self.device, self.dtype)
+        if command.shape != (self.num_envs, 2) or not torch.isfinite(command[rows]).all():
+            raise ValueError(
+                f"command at reset must be a finite ({self.num_envs}, 2) tensor of (vx, vy); "
+                f"got shape {tuple(command.shape)}."
+            )
+        outside = rows.unsqueeze(-1) & ((command < low - 1e-6) | (command > high + 1e-6))
+        if outside.any():
+            bad = outside.any(-1).nonzero().flatten().tolist()
+            shown = bad[:_LISTED]
+            raise ValueError(
+                f"command at reset is outside the task's command box for envs {_first(bad)}: "
+                f"got {command[shown].tolist()}, boxes low={low[shown].tolist()} high={high[shown].tolist()}."
+            )
+        return command
+
+    def _pinned_yaw_rate(
+        self, yaw_rate: torch.Tensor, episode_task: Mapping[str, Any], rows: torch.Tensor
+    ) -> torch.Tensor:
+        yaw_rate = yaw_rate.to(self.device, self.dtype)
+        if yaw_rate.shape == (self.num_envs, 1):
+            yaw_rate = yaw_rate.squeeze(-1)
+        if yaw_rate.shape != (self.num_envs,) or not torch.isfinite(yaw_rate[rows]).all():
+            raise ValueError(
+                f"yaw_rate_command at reset must be a finite ({self.num_envs}, 1) or ({self.num_envs},) tensor "
+                f"of rad/s; got shape {tuple(yaw_rate.shape)}."
+            )
+        low, high = episode_task["yaw_rate_range"].unbind(-1)
+        outside = rows & ((yaw_rate < low - 1e-6) | (yaw_rate > high + 1e-6))
+        if outside.any():
+            bad = outside.nonzero().flatten().tolist()
+            shown = bad[:_LISTED]
+            raise ValueError(
+                f"yaw_rate_command at reset is outside the task's yaw_rate_range for envs {_first(bad)}: "
+                f"got {yaw_rate[shown].tolist()}, ranges low={low[shown].tolist()} high={high[shown].tolist()}."
+            )
+        return yaw_rate
+
+    def _resample_interval(self, episode_task: Mapping[str, Any]) -> torch.Tensor:
+        """Seconds until each env's next command: uniform in its task's ``command_resample_s``, inf for none."""
+        low, high = episode_task["command_resample_s"].unbind(-1)
+        fraction = torch.rand(self.num_envs, generator=self.rng, device=self.device, dtype=self.dtype)
+        return torch.where(high > 0, low + fraction * (high - low), torch.full_like(low, math.inf))
+
+    def _resample_commands(self, state: dict[str, torch.Tensor]) -> None:
+        """Give the envs whose command interval ran out a new twist, a new interval, and the heading they
+        have now as the one the new command turns from."""
+        self._resample_timer = self._resample_timer - self.control_dt
+        due = self._resample_timer <= 0
+        if not bool(due.any()):
+            return
+        command, yaw_rate = self._draw_twist(self._episode_task)
+        self._command = torch.where(due.unsqueeze(-1), command, self._command)
+        self._yaw_rate_command = torch.where(due, yaw_rate, self._yaw_rate_command)
+        self._resample_timer = torch.where(due, self._resample_interval(self._episode_task), self._resample_timer)
+        self._target_heading = torch.where(due, state["heading"].detach(), self._target_heading)
+        self._adopt_episodes()
 
     def _uniform(self, *shape: int) -> torch.Tensor:
         """Uniform samples in [-1, 1) from the env's generator."""
@@ -727,8 +967,12 @@ class MicroDuckEnv(MujocoEnv):
 
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
         action = self._checked_action(tensordict["action"])
-        clipped = action.clamp(-1.0, 1.0)
-        target = self._home_ctrl + self.gait_prior() + self.action_scale * clipped
+        if self.action_mode == "robot":
+            clipped = action
+            target = self._home_ctrl + self.action_scale * action
+        else:
+            clipped = action.clamp(-1.0, 1.0)
+            target = self._home_ctrl + self.gait_prior() + self.action_scale * clipped
         if self._action_line is not None:
             target = self._action_line.push(target)
         if self.randomization.active:
@@ -749,6 +993,8 @@ class MicroDuckEnv(MujocoEnv):
         self._step_count = self._step_count + 1
         self._update_contacts(nonfinite)
         state = self._read_state(qpos, qvel)
+        if self._twist:
+            self._target_heading = self._target_heading + self._yaw_rate_command * self.control_dt
         self._advance_tracking_window(state)
         features = self._reward_features(state, clipped)
         features["fallen"] = features["fallen"] | nonfinite
@@ -761,6 +1007,8 @@ class MicroDuckEnv(MujocoEnv):
         terminated = features["fallen"]
         truncated = self._step_count >= self.max_episode_steps
         self._previous_action = clipped
+        if self._twist:
+            self._resample_commands(state)
 
         out = self._observation_dict(state)
         if self.diagnostics:
@@ -847,8 +1095,9 @@ class MicroDuckEnv(MujocoEnv):
             "foot_heights": self._foot_heights,
             "touchdown_air_time": self._touchdown_air_time,
             "gait_phase": state["phase"],
-            "heading_error": wrap_angle(state["heading"] - self._reset_heading),
+            "heading_error": wrap_angle(state["heading"] - self._target_heading),
             "command": self._command,
+            "yaw_rate_command": self._yaw_rate_command,
             "tracked_velocity": state["body_velocity"][:, :2]
             if self._floor_positions is None
             else self._tracked_velocity,
@@ -858,10 +1107,13 @@ class MicroDuckEnv(MujocoEnv):
     def _observation_dict(
         self, state: dict[str, torch.Tensor], reset_rows: torch.Tensor | None = None
     ) -> dict[str, torch.Tensor]:
+        readings = self._sensor_readings(state, reset_rows)
         out = {
             "observation": self._observation(state),
-            "sensor_observation": self._sensor_observation(state, reset_rows),
+            "sensor_observation": self._sensor_observation(readings, reset_rows),
+            "robot_observation": self._robot_observation(readings, state, reset_rows),
             "command": self._command.clone(),
+            "yaw_rate_command": self._yaw_rate_command.unsqueeze(-1).clone(),
             "task_id": self._task_id.unsqueeze(-1).clone(),
         }
         if self.randomization.active:

@@ -24,8 +24,11 @@ key                       shape       meaning
 ``foot_heights``          ``(N, 2)``  left and right foot height
 ``touchdown_air_time``    ``(N, 2)``  air time of a foot that landed this step, else 0
 ``gait_phase``            ``(N,)``    gait clock phase in radians
-``heading_error``         ``(N,)``    trunk yaw minus its yaw at reset, wrapped to ``[-pi, pi)``
+``heading_error``         ``(N,)``    trunk yaw minus the commanded heading (its yaw at reset, or at
+                                      the last new command, plus the yaw-rate command integrated
+                                      since), wrapped to ``[-pi, pi)``
 ``command``               ``(N, 2)``  planar velocity command ``(vx, vy)``
+``yaw_rate_command``      ``(N,)``    yaw-rate command, rad/s (optional: zero when absent)
 ``tracked_velocity``      ``(N, 2)``  planar velocity the command is tracked against: the body
                                       velocity's ``(vx, vy)``, or its average over the task's
                                       tracking window (``tracking_window_cycles``)
@@ -62,6 +65,9 @@ TermFn = Callable[[Features, Features], torch.Tensor]
 COMMAND_THRESHOLD = 0.01
 """Planar command speed (m/s) at or under which a task counts as standing."""
 
+YAW_RATE_THRESHOLD = 0.05
+"""Yaw-rate command (rad/s) at or under which a twist counts as not turning."""
+
 GAIT_MIN_UPRIGHT = 0.35
 """Tilt cosine under which the contact and hop terms pay nothing (about 70 degrees)."""
 
@@ -83,6 +89,10 @@ RESERVED_PARAM_NAMES = frozenset(
         "gait_frequency_per_mps",
         "gait_prior_lift",
         "gait_prior_stride_per_mps",
+        "yaw_rate_range",
+        "turn_in_place_fraction",
+        "standing_fraction",
+        "command_resample_s",
     }
 )
 """Names a task already uses for its own fields; ``make_task`` overrides share one namespace."""
@@ -289,6 +299,29 @@ def _command_axis(command: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, to
     return torch.where(moving.unsqueeze(-1), axis, torch.zeros_like(axis)), speed, moving
 
 
+def yaw_rate_command(features: Features) -> torch.Tensor:
+    """``features["yaw_rate_command"]`` (rad/s), or zeros when the features lack it."""
+    value = features.get("yaw_rate_command", None)
+    return torch.zeros_like(features["upright"]) if value is None else value
+
+
+def twist_active(features: Features) -> torch.Tensor:
+    """True where the command asks the robot to move: a planar speed above :data:`COMMAND_THRESHOLD`
+    or a yaw rate above :data:`YAW_RATE_THRESHOLD`."""
+    planar = torch.linalg.vector_norm(features["command"], dim=-1) > COMMAND_THRESHOLD
+    return planar | (yaw_rate_command(features).abs() > YAW_RATE_THRESHOLD)
+
+
+def twist_progress(features: Features) -> torch.Tensor:
+    """How much of its twist an env does, in [0, 1]: the speed along the planar command over its speed,
+    or, with no planar command, the yaw rate over the commanded yaw rate (0 under a standing command)."""
+    yaw_command = yaw_rate_command(features)
+    turning = features["angular_velocity"][..., 2] / torch.where(yaw_command == 0, 1.0, yaw_command)
+    turning = torch.where(yaw_command.abs() > YAW_RATE_THRESHOLD, turning, torch.zeros_like(turning))
+    planar = _derived(features, "moving")
+    return torch.where(planar, _speed_ratio(features), turning).clamp(0.0, 1.0)
+
+
 def tracked_velocity(features: Features) -> torch.Tensor:
     """``features["tracked_velocity"]``, or the body velocity's planar part when the features lack it."""
     value = features.get("tracked_velocity", None)
@@ -415,8 +448,9 @@ def tracking(features: Features, params: Features) -> torch.Tensor:
 
 @register_reward("yaw_rate", weight=1.0, yaw_rate_std=0.5**0.5)
 def yaw_rate(features: Features, params: Features) -> torch.Tensor:
-    """Gaussian of the yaw rate around zero."""
-    return torch.exp(-features["angular_velocity"][..., 2].square() / params["yaw_rate_std"].square())
+    """Gaussian of the yaw rate's error from the ``yaw_rate_command`` (zero when the features lack it)."""
+    error = features["angular_velocity"][..., 2] - yaw_rate_command(features)
+    return torch.exp(-error.square() / params["yaw_rate_std"].square())
 
 
 @register_reward("upright", weight=2.0, upright_std=0.05**0.5)
@@ -461,6 +495,26 @@ def air_time(features: Features, params: Features) -> torch.Tensor:
     high = params["air_time_max"].unsqueeze(-1)
     credit = torch.clamp(features["touchdown_air_time"], low, high) - low
     return credit.sum(-1) * _stepping_gate(features, params)
+
+
+@register_reward("step_air_time", weight=0.0)
+def step_air_time(features: Features, params: Features) -> torch.Tensor:
+    """Air time of each landing foot inside ``[air_time_min, air_time_max]``, counted from the minimum,
+    while the twist command asks to move (walk or turn), scaled by how much of it the robot does.
+
+    The clock-free twin of ``air_time``: it reads no gait phase, so a policy that sees none (the robot's
+    observation) is paid for what it can tell it did. The credit is ``floor + (1 - floor) * progress``
+    (``gait_progress_floor``) of the landing, progress being the speed along the planar command over its
+    speed or, turning in place, the yaw rate over the commanded one, clipped to [0, 1]: an air-time reward
+    paid whenever a command exists lets a policy settle on stepping in place (microduck_rl issue 46). A
+    standing command pays nothing.
+    """
+    low = params["air_time_min"].unsqueeze(-1)
+    high = params["air_time_max"].unsqueeze(-1)
+    credit = (torch.clamp(features["touchdown_air_time"], low, high) - low).sum(-1)
+    floor = params["gait_progress_floor"]
+    gate = (floor + (1.0 - floor) * twist_progress(features)) * twist_active(features).to(credit.dtype)
+    return credit * gate * _upright_gate(features)
 
 
 @register_reward("swing_height", weight=2.0, swing_target_height=0.02)
@@ -560,7 +614,8 @@ def jump_height(features: Features, params: Features) -> torch.Tensor:
 
 @register_reward("heading_hold", weight=0.0, heading_hold_std=0.5)
 def heading_hold(features: Features, params: Features) -> torch.Tensor:
-    """Gaussian of the heading change since reset: the command keeps the direction it had then."""
+    """Gaussian of the heading error: the trunk keeps the heading its command gives it (the heading at
+    reset, turned by the yaw-rate command since)."""
     return torch.exp(-features["heading_error"].square() / params["heading_hold_std"].square())
 
 

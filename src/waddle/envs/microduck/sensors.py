@@ -70,7 +70,8 @@ class SensorField:
         }
 
 
-def _layout(rows: tuple[tuple[str, int, str, str], ...]) -> dict[str, SensorField]:
+def layout(rows: tuple[tuple[str, int, str, str], ...]) -> dict[str, SensorField]:
+    """Fields laid end to end from ``(name, size, unit, description)`` rows, in order."""
     fields, start = {}, 0
     for name, size, unit, description in rows:
         fields[name] = SensorField(name, start, size, unit, description)
@@ -78,7 +79,7 @@ def _layout(rows: tuple[tuple[str, int, str, str], ...]) -> dict[str, SensorFiel
     return fields
 
 
-SENSOR_FIELDS: dict[str, SensorField] = _layout(
+SENSOR_FIELDS: dict[str, SensorField] = layout(
     (
         (
             "projected_gravity",
@@ -99,7 +100,7 @@ SENSOR_FIELDS: dict[str, SensorField] = _layout(
 SENSOR_DIM: int = sum(field.size for field in SENSOR_FIELDS.values())
 """Width of the sensor observation (53)."""
 
-OBSERVATION_FIELDS: dict[str, SensorField] = _layout(
+OBSERVATION_FIELDS: dict[str, SensorField] = layout(
     (
         ("projected_gravity", 3, "1", "unit gravity direction (0, 0, -1) in the trunk frame"),
         ("angular_velocity", 3, "rad/s", "free-joint angular velocity of the trunk, trunk frame"),
@@ -143,6 +144,7 @@ __all__ = [
     "SENSOR_DIM",
     "SENSOR_FIELDS",
     "SensorField",
+    "layout",
     "sensor_field",
     "sensor_layout",
 ]

@@ -18,7 +18,10 @@ What the reflection does to each kind of value:
   twin's axis (:data:`JOINT_MIRROR_SIGN`, read off the model's joint axes in
   the STAND pose, checked against MuJoCo in the tests);
 - the gait clock moves by half a cycle, because the left foot's swing becomes
-  the right foot's: sin and cos change sign, the ramp stays.
+  the right foot's: sin and cos change sign, the ramp stays;
+- a twist command ``(vx, vy, vyaw)`` keeps ``vx`` and turns the other way;
+  a head command keeps its pitches and negates yaw and roll; a body pose
+  command negates y, roll and yaw.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from collections.abc import Mapping
 import torch
 
 from waddle.envs.microduck.constants import HEAD, LEFT_LEG, NUM_JOINTS, RIGHT_LEG
+from waddle.envs.microduck.robot import ROBOT_FIELDS
 from waddle.envs.microduck.sensors import OBSERVATION_FIELDS, SENSOR_FIELDS, SensorField
 
 
@@ -56,6 +60,9 @@ _VECTOR_BLOCKS: dict[str, tuple[tuple[int, ...], tuple[float, ...]]] = {
     "planar": ((0, 1), (1.0, -1.0)),
     "joints": (JOINT_TWIN, JOINT_MIRROR_SIGN),
     "clock": ((0, 1, 2), (-1.0, -1.0, 1.0)),
+    "twist": ((0, 1, 2), (1.0, -1.0, -1.0)),
+    "head": ((0, 1, 2, 3), (1.0, 1.0, -1.0, -1.0)),
+    "pose6": ((0, 1, 2, 3, 4, 5), (1.0, -1.0, 1.0, -1.0, 1.0, -1.0)),
 }
 
 _FIELD_KINDS: dict[str, str] = {
@@ -68,6 +75,13 @@ _FIELD_KINDS: dict[str, str] = {
     "joint_velocity": "joints",
     "previous_action": "joints",
     "gait_clock": "clock",
+    # The robot's layout (robot.ROBOT_FIELDS) under the daemon's names.
+    "base_ang_vel": "axial",
+    "joint_pos": "joints",
+    "joint_vel": "joints",
+    "actions": "joints",
+    "head_command": "head",
+    "body_command": "pose6",
 }
 """How each field of the observation layouts reflects (a name missing here is a layout this module
 does not know, and building its mirror fails)."""
@@ -111,15 +125,18 @@ class SignedPermutation:
         return SignedPermutation(self.index.repeat(copies) + offsets, self.sign.repeat(copies))
 
 
-def layout_mirror(fields: Mapping[str, SensorField]) -> SignedPermutation:
-    """The reflection of a flat vector laid out as ``fields`` (:data:`SENSOR_FIELDS` or
-    :data:`OBSERVATION_FIELDS`)."""
+def layout_mirror(fields: Mapping[str, SensorField], kinds: Mapping[str, str] | None = None) -> SignedPermutation:
+    """The reflection of a flat vector laid out as ``fields`` (:data:`SENSOR_FIELDS`,
+    :data:`OBSERVATION_FIELDS` or :data:`~waddle.envs.microduck.robot.ROBOT_FIELDS`); ``kinds``
+    names how a field reflects where the layout's name means something else than usual (the robot's
+    ``command`` is a twist)."""
+    kinds = {**_FIELD_KINDS, **(kinds or {})}
     index: list[int] = []
     sign: list[float] = []
     for name, field in fields.items():
-        if name not in _FIELD_KINDS:
-            raise ValueError(f"no mirror is known for field {name!r}; known: {sorted(_FIELD_KINDS)}.")
-        block_index, block_sign = _VECTOR_BLOCKS[_FIELD_KINDS[name]]
+        if name not in kinds:
+            raise ValueError(f"no mirror is known for field {name!r}; known: {sorted(kinds)}.")
+        block_index, block_sign = _VECTOR_BLOCKS[kinds[name]]
         if len(block_index) != field.size:
             raise ValueError(f"field {name!r} has {field.size} values, its mirror {len(block_index)}.")
         index += [field.start + i for i in block_index]
@@ -130,9 +147,11 @@ def layout_mirror(fields: Mapping[str, SensorField]) -> SignedPermutation:
 MIRRORS: dict[str, SignedPermutation] = {
     "observation": layout_mirror(OBSERVATION_FIELDS),
     "sensor_observation": layout_mirror(SENSOR_FIELDS),
+    "robot_observation": layout_mirror(ROBOT_FIELDS, {"command": "twist"}),
     "action": SignedPermutation.from_lists(JOINT_TWIN, JOINT_MIRROR_SIGN),
 }
-"""The env's entries by key -> their reflection; ``"action"`` is the normalized action (an offset around the
-STAND pose and the gait prior, which the reflection maps to itself half a cycle later)."""
+"""The env's entries by key -> their reflection; ``"action"`` is the action (an offset around the STAND
+pose and the gait prior, which the reflection maps to itself half a cycle later, or around the robot's
+HOME pose, which is its own mirror)."""
 
 __all__ = ["JOINT_MIRROR_SIGN", "JOINT_TWIN", "MIRRORS", "SignedPermutation", "layout_mirror"]

@@ -4,7 +4,7 @@ A task fixes, for the episodes that draw it, the command box, the reset
 distribution, the gait clock and the reward (one weight per registered term
 and the term parameters). Tasks are presets over one env, not env
 subclasses: :func:`tracking_task`, :func:`standing_task`,
-:func:`speed_range_task`, :func:`sidestep_task` and :func:`jump_task` all
+:func:`speed_range_task`, :func:`sidestep_task`, :func:`joystick_task` and :func:`jump_task` all
 call :func:`make_task`, and :func:`as_task_library` turns one task or several
 into the ``(num_tasks,)`` library an env holds.
 
@@ -28,6 +28,7 @@ __all__ = [
     "COMMAND_THRESHOLD",
     "MicroDuckTask",
     "as_task_library",
+    "joystick_task",
     "jump_task",
     "make_task",
     "sidestep_task",
@@ -66,8 +67,8 @@ JUMP_REWARD_WEIGHTS: dict[str, float] = {
 """Weights the jump preset sets on top of the registered defaults (gait terms are off too)."""
 
 WALKING_PRIOR: dict[str, float] = {"gait_prior_lift": GAIT_PRIOR_LIFT}
-"""The gait prior the walking presets (tracking, speed range, sidestep) switch on: the swing-leg
-lift only. With a hip stride as well (``gait_prior_stride_per_mps=1.0``) PPO learned gaits that
+"""The gait prior the walking recipes of ``waddle train`` (walk, speed-range, sidestep) switch on with
+``tracking_task(0.2, **WALKING_PRIOR)``: the swing-leg lift only. With a hip stride as well (``gait_prior_stride_per_mps=1.0``) PPO learned gaits that
 walked in circles (350-540 degrees of turn in 10 s); the policy finds its own stride."""
 
 SPEED_RANGE_CLOCK_HZ = 0.75
@@ -122,10 +123,13 @@ WALKING_TRACKING: dict[str, float] = {
 velocity is tracked, and progress across the command is not paid for."""
 
 SPEED_RANGE_STRIDE_PER_MPS = 1.0
-"""Hip swing of the speed-range preset's gait prior, radians per m/s of forward command (0.3 rad, about
+"""Hip swing of the speed-range recipe's gait prior, radians per m/s of forward command (0.3 rad, about
 2 cm of foot travel each way, at 0.3 m/s). Without it the policies sat at their action bounds 80 % of the
 time at 0.3 m/s and walked 0.263-0.269 there (seed 1); with it seed 1 walked 0.128 / 0.222 / 0.272 at
 0.1 / 0.2 / 0.3 m/s. The walk preset, whose gait needs no more range, keeps 0."""
+
+SPEED_RANGE_PRIOR: dict[str, float] = {**WALKING_PRIOR, "gait_prior_stride_per_mps": SPEED_RANGE_STRIDE_PER_MPS}
+"""The gait prior ``waddle train --task speed-range`` trains with: the swing-leg lift and the hip swing."""
 
 WALKING_REWARD_WEIGHTS: dict[str, float] = {"heading_hold": 2.0}
 """Weights the walking presets set on top of the registered defaults: hold the heading of the reset."""
@@ -138,6 +142,10 @@ TASK_FIELDS: dict[str, Any] = {
     "gait_frequency_per_mps": 0.0,
     "gait_prior_lift": 0.0,
     "gait_prior_stride_per_mps": 0.0,
+    "yaw_rate_range": (0.0, 0.0),
+    "turn_in_place_fraction": 0.0,
+    "standing_fraction": 0.0,
+    "command_resample_s": (0.0, 0.0),
 }
 """Reset and clock fields :func:`make_task` accepts by name, with their defaults."""
 
@@ -170,6 +178,16 @@ class MicroDuckTask:
             :meth:`~waddle.envs.microduck.MicroDuckEnv.gait_prior`.
         gait_prior_stride_per_mps: hip swing amplitude of the gait prior in
             radians per m/s of forward command.
+        yaw_rate_range: ``(low, high)`` of the yaw-rate command in rad/s,
+            shape ``(2,)``, drawn uniformly with the planar command; ``(0, 0)``
+            (the default) never turns.
+        turn_in_place_fraction: share of the draws that turn in place: no
+            planar command and a yaw rate of at least
+            :data:`TURN_IN_PLACE_MIN_FRACTION` of the range's largest magnitude.
+        standing_fraction: share of the draws that stand: a zero twist.
+        command_resample_s: ``(low, high)`` seconds, shape ``(2,)``, after which
+            an env draws a new command within the episode (each interval drawn
+            uniformly); ``(0, 0)`` (the default) holds the reset's command.
         reward_weights: one weight per registered term, in the order of
             :data:`~waddle.envs.microduck.rewards.REWARD_TERMS`, shape
             ``(num_terms,)``. An all-zero row gives zero reward.
@@ -188,6 +206,10 @@ class MicroDuckTask:
     gait_frequency_per_mps: torch.Tensor
     gait_prior_lift: torch.Tensor
     gait_prior_stride_per_mps: torch.Tensor
+    yaw_rate_range: torch.Tensor
+    turn_in_place_fraction: torch.Tensor
+    standing_fraction: torch.Tensor
+    command_resample_s: torch.Tensor
     reward_weights: torch.Tensor
     params: TensorDict
     weight: torch.Tensor
@@ -253,6 +275,10 @@ def make_task(
         gait_frequency_per_mps=_as_float(fields["gait_frequency_per_mps"], (), "gait_frequency_per_mps", name),
         gait_prior_lift=_as_float(fields["gait_prior_lift"], (), "gait_prior_lift", name),
         gait_prior_stride_per_mps=_as_float(fields["gait_prior_stride_per_mps"], (), "gait_prior_stride_per_mps", name),
+        yaw_rate_range=_as_float(fields["yaw_rate_range"], (2,), "yaw_rate_range", name),
+        turn_in_place_fraction=_as_float(fields["turn_in_place_fraction"], (), "turn_in_place_fraction", name),
+        standing_fraction=_as_float(fields["standing_fraction"], (), "standing_fraction", name),
+        command_resample_s=_as_float(fields["command_resample_s"], (2,), "command_resample_s", name),
         reward_weights=torch.stack(weight_row),
         params=TensorDict({key: _as_float(value, (), key, name) for key, value in params.items()}, batch_size=[]),
         weight=_as_float(weight, (), "weight", name),
@@ -277,9 +303,11 @@ def tracking_task(
 ) -> MicroDuckTask:
     """Walk at a fixed forward speed in m/s (negative walks backward); the default task.
 
-    The gait terms are on, the pose Gaussian loose, the gait prior's swing-leg
-    lift on (:data:`WALKING_PRIOR`) and ``heading_hold`` weighted
-    (:data:`WALKING_REWARD_WEIGHTS`). A speed at or under
+    The gait terms are on, the pose Gaussian loose and ``heading_hold``
+    weighted (:data:`WALKING_REWARD_WEIGHTS`). There is no gait prior, so the
+    env simulates what TorchRL's ``MicroDuckEnv.tracking_task`` does with the
+    same arguments; ``**WALKING_PRIOR`` switches the swing-leg lift on (the
+    ``waddle train --task walk`` recipe does). A speed at or under
     :data:`COMMAND_THRESHOLD` has no direction to walk in and gives
     :func:`standing_task` instead. ``overrides`` (including ``name=``) go to
     :func:`make_task`.
@@ -295,7 +323,6 @@ def tracking_task(
         **{
             "name": f"tracking{speed:+.2f}",
             "pose_std": POSE_STD_MOVING,
-            **WALKING_PRIOR,
             **WALKING_TRACKING,
             **overrides,
         },
@@ -331,12 +358,12 @@ def speed_range_task(
 
     The gait clock runs at :data:`SPEED_RANGE_CLOCK_HZ` plus
     :data:`SPEED_RANGE_CLOCK_HZ_PER_MPS` per m/s of command, so the rewarded
-    cadence follows the commanded speed, the gait prior swings the hips with
-    the command (:data:`SPEED_RANGE_STRIDE_PER_MPS`) so that the stride can
-    grow with it, and the tracking Gaussian is a fixed fraction of the command
-    wide (:data:`SPEED_RANGE_TRACKING_RELATIVE_STD`, at least
-    :data:`SPEED_RANGE_TRACKING_STD`): one policy modulates its speed instead
-    of settling on one gait.
+    cadence follows the commanded speed, and the tracking Gaussian is a fixed
+    fraction of the command wide (:data:`SPEED_RANGE_TRACKING_RELATIVE_STD`, at
+    least :data:`SPEED_RANGE_TRACKING_STD`): one policy modulates its speed
+    instead of settling on one gait. No gait prior by default;
+    :data:`SPEED_RANGE_PRIOR` is the one ``waddle train --task speed-range``
+    adds (swing-leg lift and a hip swing that grows with the command).
     """
     low, high = float(low), float(high)
     return make_task(
@@ -350,9 +377,7 @@ def speed_range_task(
             "gait_frequency_per_mps": SPEED_RANGE_CLOCK_HZ_PER_MPS,
             "tracking_std": SPEED_RANGE_TRACKING_STD,
             "tracking_relative_std": SPEED_RANGE_TRACKING_RELATIVE_STD,
-            "gait_prior_stride_per_mps": SPEED_RANGE_STRIDE_PER_MPS,
             "pose_std": POSE_STD_MOVING,
-            **WALKING_PRIOR,
             **WALKING_TRACKING,
             **overrides,
         },
@@ -370,7 +395,8 @@ def sidestep_task(
 
     Same clock and contact terms as forward walking; only the tracked
     velocity component changes (the tracking Gaussian is tighter across the
-    command, so forward drift costs more than a lateral speed error).
+    command, so forward drift costs more than a lateral speed error). No gait
+    prior unless asked for (``**WALKING_PRIOR``).
     """
     speed = float(speed)
     return make_task(
@@ -381,8 +407,86 @@ def sidestep_task(
         **{
             "name": f"sidestep{speed:+.2f}",
             "pose_std": POSE_STD_MOVING,
-            **WALKING_PRIOR,
             **WALKING_TRACKING,
+            **overrides,
+        },
+    )
+
+
+TURN_IN_PLACE_MIN_FRACTION = 0.4
+"""A turn-in-place command's yaw rate is at least this fraction of its range's largest magnitude (0.4 rad/s
+of upstream's 1.0): a slower turn is hardly a turn."""
+
+JOYSTICK_LINEAR_RANGE: tuple[tuple[float, float], tuple[float, float]] = ((-0.4, -0.3), (0.4, 0.3))
+"""``(low, high)`` corners of the joystick preset's planar command box, m/s: upstream's velocity task."""
+
+JOYSTICK_YAW_RATE_RANGE: tuple[float, float] = (-1.0, 1.0)
+"""The joystick preset's yaw-rate command range, rad/s: upstream's."""
+
+JOYSTICK_TURN_IN_PLACE_FRACTION = 0.15
+"""Share of the joystick preset's commands that turn in place. Upstream found that without such a share
+turning on the spot was about 2 % of the data and never learned."""
+
+JOYSTICK_STANDING_FRACTION = 0.1
+"""Share of the joystick preset's commands that stand (upstream grows its share from 2 % to 25 %)."""
+
+JOYSTICK_RESAMPLE_S: tuple[float, float] = (3.0, 8.0)
+"""Seconds between the joystick preset's new commands: an episode of 20 s holds several."""
+
+JOYSTICK_PARAMS: dict[str, float] = {
+    "pose_std": POSE_STD_MOVING,
+    "tracking_std": 0.1,
+    "tracking_relative_std": 0.25,
+    "tracking_off_axis_std": 0.1,
+    "progress_off_axis_std": PROGRESS_OFF_AXIS_STD,
+    "tracking_window_cycles": TRACKING_WINDOW_CYCLES,
+    "yaw_rate_std": 0.3,
+    "gait_progress_floor": 0.25,
+}
+"""Term parameters of the joystick preset: the stride-averaged velocity tracked within a tenth of a m/s
+each way (a quarter of the command along it at speed), the yaw rate within 0.3 rad/s."""
+
+JOYSTICK_REWARD_WEIGHTS: dict[str, float] = {
+    **dict.fromkeys(GAIT_TERMS, 0.0),
+    "step_air_time": 3.0,
+    "yaw_rate": 2.0,
+    "heading_hold": 1.0,
+}
+"""Weights the joystick preset sets over the registered defaults. The clock's terms are off (the robot's
+policy sees no clock); ``step_air_time`` pays for steps whenever the twist asks to move; the yaw rate is
+tracked, and ``heading_hold`` keeps the heading the yaw command integrates to."""
+
+
+def joystick_task(
+    *, weight: float = 1.0, reward_weights: Mapping[str, float] | None = None, **overrides: Any
+) -> MicroDuckTask:
+    """Follow a gamepad's twist ``(vx, vy, vyaw)``: upstream's velocity task.
+
+    The planar command is drawn in :data:`JOYSTICK_LINEAR_RANGE` and the yaw
+    rate in :data:`JOYSTICK_YAW_RATE_RANGE`; :data:`JOYSTICK_TURN_IN_PLACE_FRACTION`
+    of the draws turn in place and :data:`JOYSTICK_STANDING_FRACTION` stand, and
+    every env draws a new command every 3-8 s (:data:`JOYSTICK_RESAMPLE_S`).
+    Nothing in it needs a gait clock: it is the task for ``action_mode="robot"``
+    and the robot's observation.
+
+    Example:
+        >>> task = joystick_task()
+        >>> task.yaw_rate_range.tolist(), task.command_resample_s.tolist()
+        ([-1.0, 1.0], [3.0, 8.0])
+    """
+    low, high = JOYSTICK_LINEAR_RANGE
+    return make_task(
+        low,
+        high,
+        weight=weight,
+        reward_weights={**JOYSTICK_REWARD_WEIGHTS, **(reward_weights or {})},
+        **{
+            "name": "joystick",
+            "yaw_rate_range": JOYSTICK_YAW_RATE_RANGE,
+            "turn_in_place_fraction": JOYSTICK_TURN_IN_PLACE_FRACTION,
+            "standing_fraction": JOYSTICK_STANDING_FRACTION,
+            "command_resample_s": JOYSTICK_RESAMPLE_S,
+            **JOYSTICK_PARAMS,
             **overrides,
         },
     )
@@ -549,6 +653,7 @@ def _check_rows(rows: MicroDuckTask) -> None:
     shapes = {"command_low": (2,), "command_high": (2,), "warm_start_velocity": (2,), "weight": ()}
     shapes.update(dict.fromkeys(("warm_start_fraction", "joint_reset_noise_scale", "gait_frequency_hz"), ()))
     shapes.update(gait_frequency_per_mps=(), gait_prior_lift=(), gait_prior_stride_per_mps=())
+    shapes.update(yaw_rate_range=(2,), command_resample_s=(2,), turn_in_place_fraction=(), standing_fraction=())
     for field, shape in shapes.items():
         got = tuple(getattr(rows, field).shape[1:])
         if got != shape:
@@ -570,6 +675,22 @@ def _check_rows(rows: MicroDuckTask) -> None:
     _require(rows, rows.gait_prior_lift >= 0, "gait_prior_lift must be >= 0")
     _require(rows, rows.gait_prior_stride_per_mps >= 0, "gait_prior_stride_per_mps must be >= 0")
     _require(rows, rows.weight >= 0, "weight must be >= 0")
+    yaw = rows.yaw_rate_range
+    _require(rows, yaw[:, 0] <= yaw[:, 1], "yaw_rate_range must be (low, high) with low <= high")
+    resample = rows.command_resample_s
+    ordered = (resample >= 0).all(-1) & (resample[:, 0] <= resample[:, 1])
+    ordered &= (resample[:, 1] == 0) | (resample[:, 0] > 0)
+    _require(rows, ordered, "command_resample_s must be (0, 0) (hold the command) or (low, high) with 0 < low <= high")
+    shares = {"turn_in_place_fraction": rows.turn_in_place_fraction, "standing_fraction": rows.standing_fraction}
+    for field, share in shares.items():
+        _require(rows, (share >= 0) & (share <= 1), f"{field} must be in [0, 1]")
+    _require(
+        rows,
+        rows.turn_in_place_fraction + rows.standing_fraction <= 1,
+        "turn_in_place_fraction + standing_fraction must be <= 1",
+    )
+    turns = (rows.turn_in_place_fraction == 0) | (yaw.abs().amax(-1) > 0)
+    _require(rows, turns, "turn_in_place_fraction > 0 needs a yaw_rate_range to turn in")
     for key in ("tracking_relative_std", "progress_off_axis_std"):  # 0 turns each off
         _require(rows, rows.params[key] >= 0, f"params[{key!r}] must be >= 0 (0: off)")
     bad_names = [name for name in _names(rows) if not isinstance(name, str) or not name]
