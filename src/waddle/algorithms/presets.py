@@ -97,7 +97,7 @@ Walking takes longer than standing: on ``walk`` (mirror loss 0.3), PPO held 0.2 
 TASK_ALGORITHM_DEFAULTS: dict[str, dict[str, dict[str, Any]]] = {
     "walk": {"ppo": {"mirror_loss_coef": 0.3}},
     "speed-range": {"ppo": {"mirror_loss_coef": 0.3}},
-    "joystick": {"ppo": {"mirror_loss_coef": 0.3, "actor_observation": "robot"}},
+    "joystick": {"ppo": {"mirror_loss_coef": 0.3, "actor_observation": "robot", "init_log_std": -1.0}},
 }
 """``--task`` -> ``--algo`` -> the config fields a new run of that task takes when their flags are left out.
 

@@ -18,6 +18,14 @@ order, the STAND pose, the action scale and control law, the control rate, the
 observation layout with indices and units, the command ranges, the gait clock
 and prior of each task, the latency it was trained with and the task names.
 ``waddle sim2sim`` runs the policy from these two files alone.
+
+A policy trained on the robot's own contract (``--actor-observation robot``
+with ``--action-mode robot``, as ``waddle train --task joystick`` trains) is
+written as the file the MicroDuck's daemon loads instead, and nothing else:
+input ``obs`` float32 ``[1, 61]``, output ``actions`` float32 ``[1, 14]``,
+opset 18, the normaliser inside, and one ``metadata_props`` entry
+``microduck`` holding the JSON the daemon checks, every value read from the
+training env (:func:`waddle.envs.microduck.robot.robot_metadata`).
 """
 
 from __future__ import annotations
@@ -34,11 +42,18 @@ import torch
 from waddle.algorithms.checkpoint import CheckpointError, atomic_write, load_checkpoint
 from waddle.algorithms.task_library import saved_task_library
 from waddle.cli.evaluate import add_policy_arguments, checkpoint_path
+from waddle.modules.networks import ROBOT_OBSERVATION_KEY
 from waddle.modules.task_embedding import reads_task_id
 
 INPUT_NAME = "observation"
 TASK_INPUT_NAME = "task_id"
 OUTPUT_NAME = "action"
+OPSET = 17
+"""Opset of the sidecar exports."""
+ROBOT_INPUT_NAME = "obs"
+ROBOT_OUTPUT_NAME = "actions"
+ROBOT_OPSET = 18
+"""The daemon's contract: input ``obs``, output ``actions``, opset 18."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -75,7 +90,14 @@ def policy_metadata(task_names: Sequence[str], policy: torch.nn.Module) -> dict[
 
 
 def export_onnx(
-    policy: torch.nn.Module, observation_dim: int, path: str | Path, *, metadata: Mapping[str, str] | None = None
+    policy: torch.nn.Module,
+    observation_dim: int,
+    path: str | Path,
+    *,
+    metadata: Mapping[str, str] | None = None,
+    input_name: str = INPUT_NAME,
+    output_name: str = OUTPUT_NAME,
+    opset: int = OPSET,
 ) -> None:
     """Write ``policy`` to ``path`` atomically: ``[1, observation_dim] -> [1, action_dim]``, with a
     second input ``task_id`` ``[1, 1]`` int64 when the policy reads the task id.
@@ -86,7 +108,7 @@ def export_onnx(
     import warnings
 
     inputs: tuple[torch.Tensor, ...] = (torch.zeros(1, observation_dim),)
-    names = [INPUT_NAME]
+    names = [input_name]
     if reads_task_id(policy):
         inputs += (torch.zeros(1, 1, dtype=torch.long),)
         names.append(TASK_INPUT_NAME)
@@ -98,9 +120,9 @@ def export_onnx(
             inputs,
             buffer,
             input_names=names,
-            output_names=[OUTPUT_NAME],
+            output_names=[output_name],
             dynamo=False,
-            opset_version=17,
+            opset_version=opset,
         )
     data = buffer.getvalue()
     if metadata:
@@ -113,7 +135,13 @@ def export_onnx(
 
 
 def onnx_parity(
-    policy: torch.nn.Module, path: str | Path, observations: torch.Tensor, task_ids: torch.Tensor | None = None
+    policy: torch.nn.Module,
+    path: str | Path,
+    observations: torch.Tensor,
+    task_ids: torch.Tensor | None = None,
+    *,
+    input_name: str = INPUT_NAME,
+    output_name: str = OUTPUT_NAME,
 ) -> float:
     """Largest ``|onnxruntime(path)(obs[, task_id]) - policy(obs[, task_id])|`` over the rows of
     ``observations`` (and ``task_ids``, one id per row), one at a time."""
@@ -125,13 +153,13 @@ def onnx_parity(
     with torch.no_grad():
         for index, row in enumerate(observations):
             row = row.reshape(1, -1).float()
-            feed = {INPUT_NAME: row.numpy()}
+            feed = {input_name: row.numpy()}
             args: tuple[torch.Tensor, ...] = (row,)
             if task_ids is not None:
                 task = task_ids[index].reshape(1, 1).long()
                 feed[TASK_INPUT_NAME] = task.numpy()
                 args += (task,)
-            (onnx_action,) = session.run([OUTPUT_NAME], feed)
+            (onnx_action,) = session.run([output_name], feed)
             worst = max(worst, float(np.abs(onnx_action - policy(*args).numpy()).max()))
     return worst
 
@@ -187,6 +215,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"waddle export: error: {path} cannot be exported: {str(err).splitlines()[0]}", file=sys.stderr)
         return 1
     key = observation_key(policy)
+    if key == ROBOT_OBSERVATION_KEY:
+        try:
+            return _export_robot_policy(args, policy.cpu(), env)
+        finally:
+            env.close()
     observation_dim = env.observation_spec[key].shape[-1]
     action_dim = env.action_spec.shape[-1]
     task_names = _task_names(checkpoint, env)
@@ -235,6 +268,48 @@ def run(args: argparse.Namespace) -> int:
     what = "random observations" + (" and task ids" if task_ids is not None else "")
     print(f"parity: max |onnx - torch| = {worst:.2e} over {args.samples} {what}")
     return 0
+
+
+def _export_robot_policy(args: argparse.Namespace, policy: torch.nn.Module, env: Any) -> int:
+    """Write the daemon's file for a policy that reads the robot observation, check it, and say so."""
+    from waddle.envs.microduck.robot import ACTION_DIM, METADATA_KEY, ROBOT_OBSERVATION_DIM, robot_metadata
+
+    if args.sidecar:
+        return _error("--sidecar: a robot policy's file carries its own metadata; no sidecar is written.")
+    if getattr(env, "action_mode", None) != "robot":
+        return _error(
+            f"{args.checkpoint}: the actor reads the robot observation but its actions were trained with "
+            f"action_mode={getattr(env, 'action_mode', None)!r}; the robot applies HOME + action_scale * action, "
+            "so train with --action-mode robot (waddle train --task joystick does)."
+        )
+    if reads_task_id(policy):
+        return _error(f"{args.checkpoint}: the robot's file has one input (obs); a task-conditioned policy has two.")
+    metadata = robot_metadata(action_scale=env.action_scale, default_joint_pos=env.default_joint_pos)
+    export_onnx(
+        policy,
+        ROBOT_OBSERVATION_DIM,
+        args.onnx,
+        metadata={METADATA_KEY: json.dumps(metadata)},
+        input_name=ROBOT_INPUT_NAME,
+        output_name=ROBOT_OUTPUT_NAME,
+        opset=ROBOT_OPSET,
+    )
+    observations = random_observations(policy, ROBOT_OBSERVATION_DIM, args.samples)
+    worst = onnx_parity(policy, args.onnx, observations, input_name=ROBOT_INPUT_NAME, output_name=ROBOT_OUTPUT_NAME)
+    if not worst <= args.atol:
+        return _error(f"{args.onnx} differs from the torch policy by {worst:.3g} > --atol {args.atol}")
+    print(
+        f"wrote {args.onnx}: {ROBOT_INPUT_NAME} [1, {ROBOT_OBSERVATION_DIM}] float32 -> {ROBOT_OUTPUT_NAME} "
+        f"[1, {ACTION_DIM}] float32, opset {ROBOT_OPSET}, normaliser included: the MicroDuck daemon's contract"
+    )
+    print(f"metadata {METADATA_KEY!r}: " + json.dumps(metadata))
+    print(f"parity: max |onnx - torch| = {worst:.2e} over {args.samples} random observations")
+    return 0
+
+
+def _error(message: str) -> int:
+    print(f"waddle export: error: {message}", file=sys.stderr)
+    return 1
 
 
 def _task_names(checkpoint: Mapping[str, Any], env: Any) -> list[str]:

@@ -243,6 +243,7 @@ class Sim2Sim:
         self.sidecar = sidecar
         self.robot = MujocoMicroDuck(sidecar, scene)
         self.task: TaskRow = sidecar.task(task)
+        self.task_id = self.task.task_id
         self.step_count = 0
         self.command = np.zeros(2)
         self.previous_action = np.zeros(sidecar.num_joints)
@@ -387,7 +388,8 @@ class Sim2SimReport:
 
     episodes: int
     max_steps: int
-    command: tuple[float, float]
+    command: tuple[float, ...]
+    """``(vx, vy)``, or ``(vx, vy, vyaw)`` for a twist."""
     survival: float
     """Fraction of episodes that did not fall."""
     mean_forward_speed: float
@@ -397,6 +399,8 @@ class Sim2SimReport:
     """Mean over the episodes that did not fall of |heading change| from reset to the end, degrees."""
     yaw_drift_p95_deg: float
     mean_episode_steps: float
+    mean_yaw_rate: float = float("nan")
+    """Mean over the episodes that did not fall of their heading change over their duration, rad/s."""
 
 
 def run_episodes(
@@ -410,13 +414,13 @@ def run_episodes(
 ) -> Sim2SimReport:
     """Run ``episodes`` episodes one after the other and measure them."""
     rng = np.random.default_rng(seed)
-    fell, speeds, drifts, lengths = [], [], [], []
+    fell, speeds, drifts, lengths, turns = [], [], [], [], []
     for _ in range(episodes):
         observation = runner.reset(command, rng=rng)
         heading = runner.robot.heading()
         drift, velocity_sum, steps, fallen = 0.0, np.zeros(2), 0, False
         for _ in range(max_steps):
-            observation = runner.step(policy(observation, runner.task.task_id))
+            observation = runner.step(policy(observation, runner.task_id))
             steps += 1
             velocity_sum += runner.robot.body_velocity()[:2]
             if runner.robot.fallen():
@@ -430,30 +434,34 @@ def run_episodes(
         if not fallen:
             speeds.append(velocity_sum / steps)
             drifts.append(abs(math.degrees(drift)))
+            turns.append(drift / (steps * runner.robot.substeps * runner.robot.model.opt.timestep))
     standing = len(speeds)
     nan = float("nan")
     mean_speed = np.mean(speeds, axis=0) if standing else np.array([nan, nan])
     return Sim2SimReport(
         episodes=episodes,
         max_steps=max_steps,
-        command=(float(runner.command[0]), float(runner.command[1])),
+        command=tuple(float(value) for value in runner.command),
         survival=1.0 - float(np.mean(fell)),
         mean_forward_speed=float(mean_speed[0]),
         mean_lateral_speed=float(mean_speed[1]),
         yaw_drift_deg=float(np.mean(drifts)) if standing else nan,
         yaw_drift_p95_deg=float(np.percentile(drifts, 95)) if standing else nan,
         mean_episode_steps=float(np.mean(lengths)),
+        mean_yaw_rate=float(np.mean(turns)) if standing else nan,
     )
 
 
 def format_report(report: Sim2SimReport, control_dt: float) -> str:
     """The report as ``waddle sim2sim`` prints it; speeds and drift read ``-`` when every episode fell."""
-    vx, vy = report.command
+    vx, vy = report.command[:2]
+    turning = len(report.command) == 3
     seconds = report.max_steps * control_dt
     standing = round(report.survival * report.episodes)
+    yaw = f", vyaw {report.command[2]:+.3f} rad/s" if turning else ""
     lines = [
         f"{report.episodes} episodes of at most {report.max_steps} steps ({seconds:.1f} s at {1 / control_dt:.0f} Hz), "
-        f"command vx {vx:+.3f}, vy {vy:+.3f} m/s",
+        f"command vx {vx:+.3f}, vy {vy:+.3f} m/s{yaw}",
         f"survival       {100 * report.survival:6.1f} %   ({standing} of {report.episodes} episodes did not fall; "
         f"mean length {report.mean_episode_steps:.0f} steps)",
     ]
@@ -465,8 +473,13 @@ def format_report(report: Sim2SimReport, control_dt: float) -> str:
         f"forward speed  {report.mean_forward_speed:6.3f} m/s (command {vx:.3f}, "
         f"error {report.mean_forward_speed - vx:+.3f})",
         f"lateral speed  {report.mean_lateral_speed:6.3f} m/s (command {vy:.3f})",
-        f"yaw drift      {report.yaw_drift_deg:6.1f} deg mean, {report.yaw_drift_p95_deg:.1f} deg p95 over an episode",
     ]
+    if turning and report.command[2] != 0:
+        lines.append(f"yaw rate       {report.mean_yaw_rate:6.3f} rad/s (command {report.command[2]:.3f})")
+    else:
+        lines.append(
+            f"yaw drift      {report.yaw_drift_deg:6.1f} deg mean, {report.yaw_drift_p95_deg:.1f} deg p95 over an episode"
+        )
     return "\n".join(lines)
 
 
@@ -476,7 +489,11 @@ def format_report(report: Sim2SimReport, control_dt: float) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("policy", metavar="POLICY.onnx", help="a policy written by waddle export")
+    parser.add_argument(
+        "policy",
+        metavar="POLICY.onnx",
+        help="a policy written by waddle export: a robot policy file (its own metadata) or a graph with its sidecar",
+    )
     parser.add_argument(
         "--sidecar", metavar="PATH", help="its sidecar (default: the ONNX path with .json, as waddle export writes it)"
     )
@@ -487,9 +504,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--command",
         type=float,
-        nargs=2,
-        metavar=("VX", "VY"),
-        help="planar command in m/s (default: the centre of the task's command range)",
+        nargs="+",
+        metavar="V",
+        help="VX VY [VYAW]: the twist in m/s and rad/s (VYAW, for a robot policy file, defaults to 0); "
+        "default: the centre of the task's command range, or standing still for a robot policy file",
     )
     parser.add_argument("--task", metavar="NAME", help="task to run, by name (default: the sidecar's first)")
     parser.add_argument(
@@ -507,8 +525,25 @@ def run(args: argparse.Namespace) -> int:
     for flag, value in (("--episodes", args.episodes), ("--max-steps", args.max_steps)):
         if value < 1:
             return _error(f"{flag} must be >= 1, got {value}")
-    if args.command is not None and not all(math.isfinite(v) for v in args.command):
-        return _error(f"--command must be two finite speeds in m/s, got {args.command}")
+    if args.command is not None and (
+        len(args.command) not in (2, 3) or not all(math.isfinite(v) for v in args.command)
+    ):
+        return _error(f"--command takes VX VY [VYAW], 2 or 3 finite numbers (m/s, rad/s); got {args.command}")
+    if args.sidecar is None:
+        try:
+            from waddle.deploy.daemon import read_policy_metadata
+
+            robot_file = read_policy_metadata(args.policy) is not None
+        except SidecarError as err:
+            return _error(str(err))
+        if robot_file:
+            return _run_robot_file(args)
+    if args.command is not None and len(args.command) == 3:
+        if args.command[2] != 0:
+            return _error(
+                "--command: a policy with a sidecar was trained on planar commands (vx, vy); it takes no yaw rate"
+            )
+        args.command = args.command[:2]
     sidecar_path = Path(args.sidecar) if args.sidecar else default_sidecar_path(args.policy)
     try:
         sidecar = read_sidecar(sidecar_path)
@@ -534,6 +569,31 @@ def run(args: argparse.Namespace) -> int:
         f"(MuJoCo {mujoco.__version__}), task {runner.task.name}"
     )
     print(format_report(report, sidecar.control_dt))
+    return 0
+
+
+def _run_robot_file(args: argparse.Namespace) -> int:
+    """Drive a robot policy file (``microduck`` metadata, no sidecar) as the robot's daemon would."""
+    from waddle.deploy.daemon import DaemonLoop, RobotPolicy, parse_policy_file
+
+    if args.task is not None:
+        return _error("--task: a robot policy file holds one policy, steered by --command alone")
+    try:
+        spec = parse_policy_file(args.policy)
+        runner = DaemonLoop(spec, scene=args.scene)
+        policy = RobotPolicy(args.policy, spec)
+    except SidecarError as err:
+        return _error(str(err))
+    command = tuple(args.command) if args.command is not None else (0.0, 0.0, 0.0)
+    report = run_episodes(
+        runner, policy, episodes=args.episodes, max_steps=args.max_steps, command=command, seed=args.seed
+    )
+    print(
+        f"sim2sim: {args.policy} as the MicroDuck daemon runs it (obs [1, {spec.obs_len}] -> actions "
+        f"[1, {spec.action_len}], action scale {spec.action_scale}) on {runner.robot.scene.name} (MuJoCo "
+        f"{mujoco.__version__})"
+    )
+    print(format_report(report, spec.control_dt))
     return 0
 
 

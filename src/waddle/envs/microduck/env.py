@@ -23,10 +23,11 @@ gait prior (zero unless the task sets one): ``ctrl = stand_ctrl + gait_prior
 + action_scale * action``, held for ``CONTROL_DT`` = 0.02 s (50 Hz, 10
 physics substeps). Actions outside the action space are clipped to it, as the
 bounded action spec says; with ``diagnostics=True`` the fraction of clipped
-entries is reported. With ``action_mode="robot"`` the env applies the
+entries is reported. In both modes a servo target stops at its joint's range,
+as the servos do (and as TorchRL's ``MicroDuckEnv`` does). With ``action_mode="robot"`` the env applies the
 MicroDuck daemon's law instead: ``ctrl = DEFAULT_JOINT_POS + action_scale *
 action`` around upstream's HOME pose (:mod:`~waddle.envs.microduck.robot`),
-nothing clipped but by the actuators' own ranges and no gait prior; episodes
+no gait prior and no clipping of the action; episodes
 start in the HOME pose, and joint errors are measured from it.
 
 Each env's command is a twist: the planar ``"command"`` ``(vx, vy)`` and
@@ -335,11 +336,21 @@ class MicroDuckEnv(MujocoEnv):
         as_tensor = lambda array: torch.as_tensor(array.copy(), dtype=self.dtype, device=self.device)  # noqa: E731
         self._home_qpos = as_tensor(key.qpos)
         self._home_ctrl = as_tensor(key.ctrl)
+        self.default_joint_pos: tuple[float, ...] = tuple(float(value) for value in key.ctrl)
+        """The servo targets a zero action holds (before any gait prior), joint order: STAND's, or with
+        ``action_mode="robot"`` the robot's HOME pose, to full precision."""
         if self.action_mode == "robot":
             # The robot's default pose: episodes start in it and the actions are offsets from it.
-            pose = torch.tensor(robot_contract.DEFAULT_JOINT_POS, dtype=self.dtype, device=self.device)
+            self.default_joint_pos = robot_contract.DEFAULT_JOINT_POS
+            pose = torch.tensor(self.default_joint_pos, dtype=self.dtype, device=self.device)
             self._home_qpos[7:] = pose
             self._home_ctrl = pose.clone()
+        # A servo goes no further than its joint's range (a joint without one: half a turn either way).
+        joints = model.actuator_trnid[:, 0]
+        limited = torch.as_tensor(model.jnt_limited[joints].copy(), device=self.device).bool()
+        ranges = as_tensor(model.jnt_range[joints])
+        self._target_low = torch.where(limited, ranges[:, 0], self._home_ctrl - math.pi)
+        self._target_high = torch.where(limited, ranges[:, 1], self._home_ctrl + math.pi)
         pattern = lambda rows: torch.tensor(rows, dtype=self.dtype, device=self.device)  # noqa: E731
         self._swing_lift = pattern((constants.SWING_LIFT_LEFT, constants.SWING_LIFT_RIGHT))
         self._stride = pattern(constants.STRIDE)
@@ -471,15 +482,13 @@ class MicroDuckEnv(MujocoEnv):
         self.done_spec = Composite(done=done, terminated=done.clone(), truncated=done.clone(), shape=(n,))
 
     def _make_action_spec(self) -> Bounded:
-        """``[-1, 1]^14`` for residual actions; for robot actions, the actuators' control ranges
-        around the default pose, in action units: the only bounds the robot has."""
+        """``[-1, 1]^14`` for residual actions; for robot actions, the servos' ranges around the
+        default pose, in action units: the only bounds the robot has."""
         n, j = self.num_envs, self.NUM_JOINTS
         if self.action_mode != "robot":
             return Bounded(-1.0, 1.0, shape=(n, j), dtype=self.dtype, device=self.device)
-        ranges = torch.as_tensor(self.model.actuator_ctrlrange.copy(), dtype=self.dtype, device=self.device)
-        limited = torch.as_tensor(self.model.actuator_ctrllimited.copy(), device=self.device).bool()
-        low = torch.where(limited, (ranges[:, 0] - self._home_ctrl) / self.action_scale, -torch.inf)
-        high = torch.where(limited, (ranges[:, 1] - self._home_ctrl) / self.action_scale, torch.inf)
+        low = (self._target_low - self._home_ctrl) / self.action_scale
+        high = (self._target_high - self._home_ctrl) / self.action_scale
         return Bounded(low.expand(n, j), high.expand(n, j), shape=(n, j), dtype=self.dtype, device=self.device)
 
     def _diagnostic_keys(self) -> list[str]:
@@ -973,6 +982,7 @@ class MicroDuckEnv(MujocoEnv):
         else:
             clipped = action.clamp(-1.0, 1.0)
             target = self._home_ctrl + self.gait_prior() + self.action_scale * clipped
+        target = target.clamp(self._target_low, self._target_high)
         if self._action_line is not None:
             target = self._action_line.push(target)
         if self.randomization.active:

@@ -33,8 +33,6 @@ policy walks with has to come out of the network and these readings.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
 from typing import Any
 
 from waddle.envs.microduck.constants import CONTROL_DT, JOINT_NAMES, NUM_JOINTS
@@ -125,32 +123,6 @@ def robot_metadata(*, action_scale: float, default_joint_pos: tuple[float, ...] 
     }
 
 
-def parse_robot_metadata(text: str, *, source: str = "<metadata>") -> dict[str, Any]:
-    """The ``microduck`` JSON read back and checked against the contract's fixed values.
-
-    Raises:
-        ValueError: the text is not a JSON object, or a field the daemon checks is
-            absent or not what the contract fixes (the message names it).
-    """
-    try:
-        meta = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{source}: the {METADATA_KEY!r} metadata is not JSON ({error}).") from None
-    if not isinstance(meta, Mapping):
-        raise ValueError(f"{source}: the {METADATA_KEY!r} metadata must be a JSON object, got {type(meta).__name__}.")
-    expected = robot_metadata(action_scale=1.0)
-    for key in ("schema_version", "obs_len", "action_len", "control_hz", "joint_names", "observation"):
-        if meta.get(key) != expected[key]:
-            raise ValueError(f"{source}: metadata field {key!r} must be {expected[key]!r}, got {meta.get(key)!r}.")
-    pose = meta.get("default_joint_pos")
-    if not isinstance(pose, list) or len(pose) != NUM_JOINTS:
-        raise ValueError(f"{source}: metadata field 'default_joint_pos' must list {NUM_JOINTS} angles, got {pose!r}.")
-    scale = meta.get("action_scale")
-    if not isinstance(scale, (int, float)) or not scale > 0:
-        raise ValueError(f"{source}: metadata field 'action_scale' must be a number > 0, got {scale!r}.")
-    return dict(meta)
-
-
 __all__ = [
     "ACTION_DIM",
     "CONTROL_HZ",
@@ -161,6 +133,5 @@ __all__ = [
     "ROBOT_OBSERVATION_DIM",
     "SCHEMA_VERSION",
     "TWIST_LIMITS",
-    "parse_robot_metadata",
     "robot_metadata",
 ]
