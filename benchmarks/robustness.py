@@ -62,7 +62,8 @@ from waddle.algorithms.evaluation import (
     trained_actor_observation,
     trained_env_options,
 )
-from waddle.algorithms.presets import TASK_TOTAL_STEPS, WALK_SPEED, make_env, upgrade_run_fields
+from waddle.algorithms.presets import WALK_SPEED, make_env, upgrade_run_fields
+from waddle.algorithms.run_plan import Machine, resolve_run
 from waddle.cli.main import main as waddle
 from waddle.deploy.contract import read_sidecar
 from waddle.deploy.sim2sim import OnnxPolicy, Sim2Sim, run_episodes
@@ -90,6 +91,8 @@ falls came from the hardest of them (survival 87.5 % with pushes 1.25 times as h
 of 2 stayed near 95 %. It also trains on episodes as long as the evaluation's (1000 steps = 20 s): trained on
 10 s episodes, a policy survived every episode to 10 s and fell in 11 % of them between 10 and 20 s, in states
 it had never seen. ``docs/deploy.md`` has each measurement."""
+WALK_STEPS = resolve_run({"task": "walk"}, machine=Machine(cores=len(os.sched_getaffinity(0)))).run.total_steps
+"""``waddle train --task walk``'s step budget."""
 SURVIVAL_TARGET = 0.95
 SPEED_TOLERANCE = 0.05
 SIM2SIM_TOLERANCE = 0.05
@@ -214,8 +217,8 @@ def main() -> None:
     parser.add_argument(
         "--steps",
         type=int,
-        default=TASK_TOTAL_STEPS["walk"],
-        help=f"env steps to train each policy (default {TASK_TOTAL_STEPS['walk']:,}, waddle train's walk budget)",
+        default=WALK_STEPS,
+        help=f"env steps to train each policy (default {WALK_STEPS:,}, waddle train's walk budget)",
     )
     parser.add_argument("--episodes", type=int, default=64, help="evaluation episodes per policy (default 64)")
     parser.add_argument("--max-steps", type=int, default=1000, help="steps per evaluation episode (1000 = 20 s)")
