@@ -55,15 +55,9 @@ import torch
 from throughput import randomization_rates
 
 from waddle.algorithms.checkpoint import load_checkpoint
-from waddle.algorithms.evaluation import (
-    EvaluationResult,
-    evaluate,
-    policy_from_checkpoint,
-    trained_actor_observation,
-    trained_env_options,
-)
-from waddle.algorithms.presets import WALK_SPEED, make_env, upgrade_run_fields
-from waddle.algorithms.run_plan import Machine, resolve_run
+from waddle.algorithms.evaluation import EvaluationResult, evaluate, policy_from_checkpoint
+from waddle.algorithms.presets import WALK_SPEED, make_env
+from waddle.algorithms.run_plan import Machine, RunPlan, resolve_run
 from waddle.cli.main import main as waddle
 from waddle.deploy.contract import read_sidecar
 from waddle.deploy.sim2sim import OnnxPolicy, Sim2Sim, run_episodes
@@ -143,13 +137,13 @@ def train(label: str, out: Path, steps: int, seed: int) -> float:
 def trained_settings(checkpoint: dict) -> dict:
     """The :data:`POLICIES` settings a checkpoint was trained with (a run given by ``--run-a``/``--run-b`` may
     differ from its label's)."""
-    run = upgrade_run_fields(checkpoint["config"]["run"])
+    plan = RunPlan.from_checkpoint(checkpoint)
     return {
-        "randomization": run["randomization"],
-        "actor_observation": trained_actor_observation(checkpoint),
-        "action_scale": float(run["action_scale"]),
-        "push_scale": float(run["push_scale"]),
-        "max_episode_steps": int(run["max_episode_steps"]),
+        "randomization": plan.run.randomization,
+        "actor_observation": plan.actor_observation,
+        "action_scale": float(plan.run.action_scale),
+        "push_scale": float(plan.run.push_scale),
+        "max_episode_steps": int(plan.run.max_episode_steps),
     }
 
 
@@ -167,7 +161,7 @@ def evaluate_run(run: Path, randomization: str, episodes: int, max_steps: int, s
         seed=seed,
         randomization=randomization,
         max_episode_steps=max_steps,
-        **trained_env_options(checkpoint),
+        **RunPlan.from_checkpoint(checkpoint).policy_env_options,
     )
     try:
         policy = policy_from_checkpoint(checkpoint, env)
