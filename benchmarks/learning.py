@@ -58,18 +58,13 @@ import torch
 
 from waddle.algorithms.checkpoint import save_checkpoint
 from waddle.algorithms.evaluation import EvaluationResult, evaluate, task_commands
-from waddle.algorithms.ppo import PPO, PPOConfig, default_update_threads
-from waddle.algorithms.presets import (
-    TASK_TOTAL_STEPS,
-    algorithm_run_defaults,
-    make_config,
-    make_env,
-    task_algorithm_defaults,
-)
+from waddle.algorithms.ppo import PPO
+from waddle.algorithms.presets import ALGORITHMS, make_env
+from waddle.algorithms.run_plan import Machine, RunPlan, SourceCheckpoint, resolve_run
 from waddle.algorithms.runner import TrainConfig
 
-CORES = len(os.sched_getaffinity(0))
-"""The cores PPO's update threads are chosen from, as ``waddle train`` chooses (``default_update_threads``)."""
+MACHINE = Machine(cores=len(os.sched_getaffinity(0)))
+"""The machine ``waddle train``'s plan derives PPO's update threads from."""
 
 STANDING_LENGTH = 450
 """Mean episode length (of 500) the standing criterion asks for."""
@@ -159,17 +154,18 @@ def train_until(
     return outcome, trainer
 
 
-def train_config(task: str, args: argparse.Namespace) -> PPOConfig:
-    """``waddle train``'s PPO config for a new run of ``task`` (its task defaults included)."""
-    return make_config("ppo", {**task_algorithm_defaults(task, "ppo"), "overlap_rollout": args.overlap_rollout})
+def train_plan(task: str, args: argparse.Namespace, *, seed: int, **flags) -> RunPlan:
+    """The plan of ``waddle train --task TASK`` for a new PPO run with the benchmark's flags and ``flags``."""
+    given = {"task": task, "num_envs": args.num_envs, "seed": seed, "overlap_rollout": args.overlap_rollout}
+    return resolve_run({**given, **flags}, machine=MACHINE)
 
 
 def ppo_part(part: str, task: str, args: argparse.Namespace, holds) -> tuple[Outcome, PPO]:
     torch.manual_seed(args.seed)
-    env = make_env(task, num_envs=args.num_envs, seed=args.seed)
-    eval_env = make_env(task, num_envs=args.eval_envs, seed=args.seed + 1000)
-    config = train_config(task, args)
-    trainer = PPO(env, config, update_threads=default_update_threads(config, CORES))
+    plan = train_plan(task, args, seed=args.seed)
+    env = make_env(task, num_envs=plan.run.num_envs, seed=args.seed, **plan.training_env_options())
+    eval_env = make_env(task, num_envs=args.eval_envs, seed=args.seed + 1000, **plan.policy_env_options)
+    trainer = PPO(env, plan.algorithm, update_threads=plan.update_threads)
 
     def may_hold(metrics: dict) -> bool:
         length = metrics["charts/episode_length"]
@@ -238,14 +234,14 @@ def format_command_outcome(o: CommandOutcome) -> str:
     return f"{o.part:<12} {o.seed:>4} {o.command:>5.2f} {reached} | {figures}"
 
 
-def save_run(directory: str, run: TrainConfig, trainer: PPO, env_steps: int, iteration: int, train_s: float) -> str:
+def save_run(directory: str, plan: RunPlan, trainer: PPO, env_steps: int, iteration: int, train_s: float) -> str:
     """Write the trainer as ``directory/<task>-seed<N>.pt``, a checkpoint ``waddle eval`` reads."""
     os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, f"{run.task}-seed{run.seed}.pt")
+    path = os.path.join(directory, f"{plan.run.task}-seed{plan.run.seed}.pt")
     save_checkpoint(
         path,
-        algo="ppo",
-        config={"run": asdict(run), "algorithm": asdict(trainer.config)},
+        algo=plan.algo,
+        config=plan.config(),
         trainer_state=trainer.state_dict(),
         env_steps=env_steps,
         iteration=iteration,
@@ -258,14 +254,13 @@ def save_run(directory: str, run: TrainConfig, trainer: PPO, env_steps: int, ite
 def walk_part(part: str, seed: int, args: argparse.Namespace) -> list[CommandOutcome]:
     """Train ``--task part`` with ``waddle train``'s defaults; time each command's first hold, then evaluate."""
     torch.manual_seed(seed)
-    scale = {"action_scale": args.action_scale}
-    env = make_env(part, num_envs=args.num_envs, seed=seed, **scale)
-    config = train_config(part, args)
-    trainer = PPO(env, config, update_threads=default_update_threads(config, CORES))
+    budget = {} if args.walk_steps is None else {"total_steps": args.walk_steps}
+    plan = train_plan(part, args, seed=seed, action_scale=args.action_scale, **budget)
+    env = make_env(part, num_envs=plan.run.num_envs, seed=seed, **plan.training_env_options())
+    trainer = PPO(env, plan.algorithm, update_threads=plan.update_threads)
     commands = [command for command, _ in task_commands(env.tasks)]
     tolerance = COMMAND_TOLERANCE[part]
-    budget = args.walk_steps or TASK_TOTAL_STEPS.get(part, TrainConfig().total_steps)
-    check_env = make_env(part, num_envs=args.eval_envs, seed=seed + 1000, **scale)
+    check_env = make_env(part, num_envs=args.eval_envs, seed=seed + 1000, **plan.policy_env_options)
 
     def evaluate_all(eval_env, max_steps):
         policy = trainer.deterministic_policy()
@@ -273,7 +268,7 @@ def walk_part(part: str, seed: int, args: argparse.Namespace) -> list[CommandOut
 
     first: dict[float, tuple[float, int]] = {}
     train_s, iteration, env_steps = 0.0, 0, 0
-    while env_steps < budget and train_s < 60.0 * args.walking_minutes:
+    while env_steps < plan.run.total_steps and train_s < 60.0 * args.walking_minutes:
         start = time.perf_counter()
         trainer.train_iteration()
         train_s += time.perf_counter() - start
@@ -289,9 +284,10 @@ def walk_part(part: str, seed: int, args: argparse.Namespace) -> list[CommandOut
                 if c not in first and holds_command(r, c, tolerance):
                     first[c] = (train_s / 60.0, env_steps)
     if args.save:
-        run = TrainConfig(task=part, num_envs=args.num_envs, total_steps=budget, seed=seed, **scale)
-        save_run(args.save, run, trainer, env_steps, iteration, train_s)
-    final_env = make_env(part, num_envs=args.eval_envs, seed=seed + 2000, max_episode_steps=1000, **scale)
+        save_run(args.save, plan, trainer, env_steps, iteration, train_s)
+    final_env = make_env(
+        part, num_envs=args.eval_envs, seed=seed + 2000, max_episode_steps=1000, **plan.policy_env_options
+    )
     finals = evaluate_all(final_env, 1000)
     outcomes = []
     for c in commands:
@@ -319,21 +315,17 @@ def shac_part(args: argparse.Namespace, target_return: float) -> tuple[Outcome, 
     from waddle.algorithms.shac import SHAC
 
     torch.manual_seed(args.seed)
-    run_defaults = algorithm_run_defaults("shac")
+    flags = {"algo": "shac", "task": "standing", "num_envs": args.shac_envs, "seed": args.seed}
+    plan = resolve_run(flags, machine=MACHINE)
     try:
         env = make_env(
-            "standing",
-            num_envs=args.shac_envs,
-            seed=args.seed,
-            backend=run_defaults["backend"],
-            max_episode_steps=run_defaults["max_episode_steps"],
-            differentiable=True,
+            "standing", num_envs=plan.run.num_envs, seed=args.seed, differentiable=True, **plan.training_env_options()
         )
     except (ImportError, ValueError) as err:
         note = f"MJX backend unavailable: {str(err).splitlines()[0]}"
         return Outcome("shac", False, 0.0, 0, 0, 0.0, note=note), None
-    eval_env = make_env("standing", num_envs=args.eval_envs, seed=args.seed + 1000)
-    trainer = SHAC(env, make_config("shac", task_algorithm_defaults("standing", "shac")))
+    eval_env = make_env("standing", num_envs=args.eval_envs, seed=args.seed + 1000, **plan.policy_env_options)
+    trainer = SHAC(env, plan.algorithm)
     window_times: list[float] = []
     train_iteration = trainer.train_iteration
 
@@ -430,8 +422,8 @@ def jump_part(args: argparse.Namespace) -> JumpOutcome:
     import tempfile
 
     from waddle.algorithms.checkpoint import load_checkpoint
-    from waddle.algorithms.evaluation import evaluate_tasks, trained_env_options
-    from waddle.algorithms.init_from import inherited_fields, load_weights
+    from waddle.algorithms.evaluation import evaluate_tasks
+    from waddle.algorithms.init_from import load_weights
 
     seed = args.seeds[0]
     path = args.walk_checkpoint
@@ -441,18 +433,25 @@ def jump_part(args: argparse.Namespace) -> JumpOutcome:
         if not os.path.exists(path):
             walk_part("walk", seed, args)
     source = load_checkpoint(path)
-    options = trained_env_options(source)  # the walking policy's action scale (and sensor history) carry over
     torch.manual_seed(seed)
-    horizon = args.jump_max_episode_steps
-    env = make_env("jump-mix", num_envs=args.num_envs, seed=seed, max_episode_steps=horizon, **options)
-    config = make_config("ppo", inherited_fields(source))
-    trainer = PPO(env, config, update_threads=default_update_threads(config, CORES))
+    flags = {
+        "task": "jump-mix",
+        "num_envs": args.num_envs,
+        "seed": seed,
+        "max_episode_steps": args.jump_max_episode_steps,
+        "total_steps": args.jump_steps,
+    }
+    # The walking policy's networks, action scale and sensor history carry over, as with waddle train --init-from.
+    plan = resolve_run(flags, init_from=SourceCheckpoint(path, source), machine=MACHINE)
+    options = plan.policy_env_options
+    env = make_env("jump-mix", num_envs=plan.run.num_envs, seed=seed, **plan.training_env_options())
+    trainer = PPO(env, plan.algorithm, update_threads=plan.update_threads)
     print(f"  [jump] from {path}: {load_weights(trainer, 'ppo', source, path=path).summary()}", flush=True)
     check_env = make_env("jump-mix", num_envs=args.eval_envs, seed=seed + 1000, **options)
     jump_id = list(check_env.tasks.name).index("jump")
 
     reached, train_s, iteration, env_steps = None, 0.0, 0, 0
-    while env_steps < args.jump_steps and train_s < 60.0 * args.jump_minutes:
+    while env_steps < plan.run.total_steps and train_s < 60.0 * args.jump_minutes:
         start = time.perf_counter()
         trainer.train_iteration()
         train_s += time.perf_counter() - start
@@ -468,15 +467,7 @@ def jump_part(args: argparse.Namespace) -> JumpOutcome:
             if reached is None and r.hop_height >= HOP_HEIGHT_TARGET and r.airborne_fraction >= AIRBORNE_TARGET:
                 reached = (train_s / 60.0, env_steps)
     if args.save:
-        run = TrainConfig(
-            task="jump-mix",
-            num_envs=args.num_envs,
-            total_steps=args.jump_steps,
-            seed=seed,
-            max_episode_steps=horizon,
-            **options,
-        )
-        save_run(args.save, run, trainer, env_steps, iteration, train_s)
+        save_run(args.save, plan, trainer, env_steps, iteration, train_s)
     final_env = make_env("jump-mix", num_envs=args.eval_envs, seed=seed + 2000, max_episode_steps=1000, **options)
     final = [r.as_dict() for r in evaluate_tasks(final_env, trainer.deterministic_policy(), max_steps=1000)]
     for closing in (env, check_env, final_env):
@@ -490,7 +481,7 @@ def jump_part(args: argparse.Namespace) -> JumpOutcome:
         train_s / 60.0,
         env_steps,
         os.getloadavg()[0],
-        options["action_scale"],
+        plan.run.action_scale,
         final,
     )
 
@@ -524,7 +515,7 @@ def main() -> None:
     parser.add_argument(
         "--shac-envs",
         type=int,
-        default=algorithm_run_defaults("shac")["num_envs"],
+        default=ALGORITHMS["shac"].run_defaults["num_envs"],
         help="SHAC envs (MJX; default: waddle train --algo shac's)",
     )
     parser.add_argument("--shac-eval-every", type=int, default=5, help="SHAC: evaluate every N windows")

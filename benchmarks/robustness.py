@@ -55,14 +55,9 @@ import torch
 from throughput import randomization_rates
 
 from waddle.algorithms.checkpoint import load_checkpoint
-from waddle.algorithms.evaluation import (
-    EvaluationResult,
-    evaluate,
-    policy_from_checkpoint,
-    trained_actor_observation,
-    trained_env_options,
-)
-from waddle.algorithms.presets import TASK_TOTAL_STEPS, WALK_SPEED, make_env, upgrade_run_fields
+from waddle.algorithms.evaluation import EvaluationResult, evaluate, policy_from_checkpoint
+from waddle.algorithms.presets import WALK_SPEED, make_env
+from waddle.algorithms.run_plan import Machine, RunPlan, resolve_run
 from waddle.cli.main import main as waddle
 from waddle.deploy.contract import read_sidecar
 from waddle.deploy.sim2sim import OnnxPolicy, Sim2Sim, run_episodes
@@ -90,6 +85,8 @@ falls came from the hardest of them (survival 87.5 % with pushes 1.25 times as h
 of 2 stayed near 95 %. It also trains on episodes as long as the evaluation's (1000 steps = 20 s): trained on
 10 s episodes, a policy survived every episode to 10 s and fell in 11 % of them between 10 and 20 s, in states
 it had never seen. ``docs/deploy.md`` has each measurement."""
+WALK_STEPS = resolve_run({"task": "walk"}, machine=Machine(cores=len(os.sched_getaffinity(0)))).run.total_steps
+"""``waddle train --task walk``'s step budget."""
 SURVIVAL_TARGET = 0.95
 SPEED_TOLERANCE = 0.05
 SIM2SIM_TOLERANCE = 0.05
@@ -140,13 +137,13 @@ def train(label: str, out: Path, steps: int, seed: int) -> float:
 def trained_settings(checkpoint: dict) -> dict:
     """The :data:`POLICIES` settings a checkpoint was trained with (a run given by ``--run-a``/``--run-b`` may
     differ from its label's)."""
-    run = upgrade_run_fields(checkpoint["config"]["run"])
+    plan = RunPlan.from_checkpoint(checkpoint)
     return {
-        "randomization": run["randomization"],
-        "actor_observation": trained_actor_observation(checkpoint),
-        "action_scale": float(run["action_scale"]),
-        "push_scale": float(run["push_scale"]),
-        "max_episode_steps": int(run["max_episode_steps"]),
+        "randomization": plan.run.randomization,
+        "actor_observation": plan.actor_observation,
+        "action_scale": float(plan.run.action_scale),
+        "push_scale": float(plan.run.push_scale),
+        "max_episode_steps": int(plan.run.max_episode_steps),
     }
 
 
@@ -164,7 +161,7 @@ def evaluate_run(run: Path, randomization: str, episodes: int, max_steps: int, s
         seed=seed,
         randomization=randomization,
         max_episode_steps=max_steps,
-        **trained_env_options(checkpoint),
+        **RunPlan.from_checkpoint(checkpoint).policy_env_options,
     )
     try:
         policy = policy_from_checkpoint(checkpoint, env)
@@ -214,8 +211,8 @@ def main() -> None:
     parser.add_argument(
         "--steps",
         type=int,
-        default=TASK_TOTAL_STEPS["walk"],
-        help=f"env steps to train each policy (default {TASK_TOTAL_STEPS['walk']:,}, waddle train's walk budget)",
+        default=WALK_STEPS,
+        help=f"env steps to train each policy (default {WALK_STEPS:,}, waddle train's walk budget)",
     )
     parser.add_argument("--episodes", type=int, default=64, help="evaluation episodes per policy (default 64)")
     parser.add_argument("--max-steps", type=int, default=1000, help="steps per evaluation episode (1000 = 20 s)")

@@ -26,7 +26,8 @@ from torchrl.envs import EnvBase
 
 from waddle.algorithms.checkpoint import CheckpointError
 from waddle.algorithms.ppo import ActorObservationError, check_actor_observation
-from waddle.algorithms.presets import make_config, make_env, make_trainer, upgrade_config_fields, upgrade_run_fields
+from waddle.algorithms.presets import make_env, make_trainer
+from waddle.algorithms.run_plan import RunPlan
 from waddle.algorithms.task_library import TaskLibraryError
 from waddle.envs.microduck.randomization import resolve_randomization
 from waddle.envs.rotations import wrap_angle
@@ -40,42 +41,10 @@ def observation_key(policy: nn.Module) -> str:
     return getattr(policy, "observation_key", OBSERVATION_KEY)
 
 
-def trained_actor_observation(checkpoint: Mapping[str, Any]) -> str:
-    """What the checkpoint's actor reads: ``"full"`` or ``"sensors"`` (``"full"`` for every non-PPO
-    checkpoint and for those written before the choice existed)."""
-    algorithm = checkpoint.get("config", {}).get("algorithm", {})
-    return str(algorithm.get("actor_observation", "full")) if isinstance(algorithm, Mapping) else "full"
-
-
-def trained_randomization(checkpoint: Mapping[str, Any]) -> str:
-    """The ``--randomization`` preset the checkpoint was trained under (``"none"`` for older ones)."""
-    run = checkpoint.get("config", {}).get("run")
-    return str(upgrade_run_fields(run)["randomization"]) if isinstance(run, Mapping) else "none"
-
-
-def trained_horizon(checkpoint: Mapping[str, Any]) -> int:
-    """The control steps after which the checkpoint's training episodes were cut (500 for older ones)."""
-    run = checkpoint.get("config", {}).get("run")
-    return int(upgrade_run_fields(run if isinstance(run, Mapping) else {})["max_episode_steps"])
-
-
-def trained_push_scale(checkpoint: Mapping[str, Any]) -> float:
-    """How many times as hard as its randomization's the checkpoint's training pushes were (1 for older ones)."""
-    run = checkpoint.get("config", {}).get("run")
-    return float(upgrade_run_fields(run if isinstance(run, Mapping) else {})["push_scale"])
-
-
-POLICY_ENV_FIELDS: tuple[str, ...] = ("sensor_history", "action_scale", "action_mode")
-"""Run-config fields that are also MicroDuckEnv options a policy depends on: what it reads (the stack of
-sensor frames) and what its action means (radians per unit). Every env a policy runs in takes them as trained."""
-
-
 def trained_env_options(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
-    """The MicroDuckEnv options (:data:`POLICY_ENV_FIELDS`) the checkpoint was trained with, older
-    checkpoints' defaults filled in: pass them to ``make_env`` for any env its policy runs in."""
-    run = checkpoint.get("config", {}).get("run")
-    fields = upgrade_run_fields(run if isinstance(run, Mapping) else {})
-    return {name: fields[name] for name in POLICY_ENV_FIELDS}
+    """The MicroDuckEnv options a checkpoint's policy needs in every env it runs in:
+    ``RunPlan.from_checkpoint(checkpoint).policy_env_options``."""
+    return RunPlan.from_checkpoint(checkpoint, require_run=False).policy_env_options
 
 
 def policy_from_checkpoint(
@@ -106,15 +75,14 @@ def policy_from_checkpoint(
             observation than ``actor_observation``, or ``env`` stacks another number of
             sensor frames than the training env did.
     """
-    algo = checkpoint["algo"]
+    plan = RunPlan.from_checkpoint(checkpoint, require_run=False)
     if actor_observation is not None:
         try:
-            check_actor_observation(trained_actor_observation(checkpoint), actor_observation)
+            check_actor_observation(plan.actor_observation, actor_observation)
         except ActorObservationError as err:
             raise CheckpointError(str(err)) from None
-    options = trained_env_options(checkpoint)
-    history, scale = options["sensor_history"], options["action_scale"]
-    if trained_actor_observation(checkpoint) == "sensors" and getattr(env, "sensor_history", history) != history:
+    history, scale = plan.run.sensor_history, plan.run.action_scale
+    if plan.actor_observation == "sensors" and getattr(env, "sensor_history", history) != history:
         raise CheckpointError(
             f"the checkpoint's actor reads {history} frame(s) of sensor readings and the env stacks "
             f"{env.sensor_history}: build the env with sensor_history={history}."
@@ -124,16 +92,16 @@ def policy_from_checkpoint(
             f"the checkpoint's actions were trained at action_scale={scale} rad per unit and the env's is "
             f"{env.action_scale}: build the env with action_scale={scale}."
         )
-    run = checkpoint.get("config", {}).get("run")
     built_on, spare = env, None
     randomization = getattr(env, "randomization", None)
-    if isinstance(run, Mapping) and "task" in run and randomization is not None:
-        trained = trained_randomization(checkpoint)
+    if plan.run_recorded and randomization is not None:
+        trained = plan.run.randomization
         if randomization != resolve_randomization(trained):
-            built_on = spare = make_env(run["task"], num_envs=1, seed=0, randomization=trained, **options)
+            options = plan.policy_env_options
+            built_on = spare = make_env(plan.run.task, num_envs=1, seed=0, randomization=trained, **options)
+    algo = plan.algo
     try:
-        config = make_config(algo, upgrade_config_fields(algo, checkpoint["config"]["algorithm"]))
-        trainer = make_trainer(algo, built_on, config, device)
+        trainer = make_trainer(algo, built_on, plan.algorithm, device)
         trainer.load_state_dict(checkpoint["trainer"])
     except (TaskLibraryError, ActorObservationError) as err:
         raise CheckpointError(str(err)) from None

@@ -4,9 +4,13 @@ Each name maps to one thing, built by one function, so ``waddle train``,
 ``waddle eval`` and ``benchmarks/learning.py`` build envs and trainers the
 same way:
 
-* :data:`TASKS`: ``--task`` name -> the MicroDuck task library it trains on;
-* :data:`ALGORITHMS`: ``--algo`` name -> trainer and config classes;
+* :data:`TASK_RECIPES`: ``--task`` name -> the MicroDuck task library it trains
+  on and the defaults a new run of it takes (:data:`TASKS`: the libraries alone);
+* :data:`ALGORITHMS`: ``--algo`` name -> trainer and config classes, and the
+  run defaults the algorithm needs;
 * :func:`make_env` and :func:`make_trainer`.
+
+:mod:`waddle.algorithms.run_plan` applies the defaults, in one order, to resolve a run.
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ import dataclasses
 import importlib
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -35,103 +40,107 @@ WALK_SPEED = 0.2
 JUMP_MIX_WEIGHT = 3.0
 """Draw weight of the jump row in ``jump-mix`` (the others weigh 1), as in the reference's recipe."""
 
-TASKS: dict[str, Callable[[], list[MicroDuckTask]]] = {
-    "standing": lambda: [MicroDuckEnv.standing_task()],
-    "walk": lambda: [MicroDuckEnv.tracking_task(WALK_SPEED, **WALKING_PRIOR)],
-    "speed-range": lambda: [MicroDuckEnv.speed_range_task(0.1, 0.3, **SPEED_RANGE_PRIOR)],
-    "sidestep": lambda: [MicroDuckEnv.sidestep_task(0.15, **WALKING_PRIOR)],
-    "jump": lambda: [MicroDuckEnv.jump_task()],
-    "mix": lambda: [
-        MicroDuckEnv.standing_task(),
-        MicroDuckEnv.tracking_task(WALK_SPEED, **WALKING_PRIOR),
-        MicroDuckEnv.sidestep_task(0.15, **WALKING_PRIOR),
-        MicroDuckEnv.jump_task(),
-    ],
-    # The reference's jump recipe: started from a walking policy, the jump row drawn three times as often.
-    "jump-mix": lambda: [
-        MicroDuckEnv.tracking_task(WALK_SPEED, **WALKING_PRIOR),
-        MicroDuckEnv.standing_task(),
-        MicroDuckEnv.jump_task(weight=JUMP_MIX_WEIGHT),
-    ],
-    # The robot's own contract: a twist from a gamepad, no clock, no prior.
-    "joystick": lambda: [MicroDuckEnv.joystick_task()],
-}
-"""``--task`` name -> a function returning the task library of that name. The walking recipes add the gait
-prior (``WALKING_PRIOR``) that TorchRL's factories leave out."""
-
-JOYSTICK_ACTION_SCALE = 0.7
-"""Radians of servo target per unit of action of the joystick recipe: the gamepad runtime's own default, so
-a robot whose config overrides the policy's ``action_scale`` with its default still drives what was trained."""
-
-TASK_RUN_DEFAULTS: dict[str, dict[str, Any]] = {
-    "joystick": {
-        "randomization": "upstream",
-        "action_mode": "robot",
-        "action_scale": JOYSTICK_ACTION_SCALE,
-        "max_episode_steps": 1000,
-    },
-}
-"""``--task`` -> the run fields (``TrainConfig``) a new run of that task takes when their flags are left out.
-The joystick task trains what the robot runs: under upstream's randomization, with the robot's action law,
-on 20 s episodes (as long as the evaluation's)."""
-
-
-def task_run_defaults(task: str) -> dict[str, Any]:
-    """The run fields a new run of ``task`` takes unless given (see :data:`TASK_RUN_DEFAULTS`)."""
-    return dict(TASK_RUN_DEFAULTS.get(task, {}))
-
-
-TASK_TOTAL_STEPS: dict[str, int] = {
-    "walk": 6_000_000,
-    "speed-range": 6_000_000,
-    "sidestep": 6_000_000,
-    "joystick": 20_000_000,
-}
-"""``--total-steps`` of a new run of these tasks when the flag is left out (others: ``TrainConfig``'s).
+WALKING_STEPS = 6_000_000
+"""Step budget of a new run of the walking tasks (``walk``, ``speed-range``, ``sidestep``).
 
 Walking takes longer than standing: on ``walk`` (mirror loss 0.3), PPO held 0.2 m/s within 0.05
 (forward, and sideways within 0.05 of zero) after 1.31M env steps with each of seeds 0, 1 and 2
 (``benchmarks/learning.py --parts walk --seeds 0 1 2``); at 6M they walked 0.218, 0.213 and
 0.203 m/s with at most 0.001 m/s of sideways speed. 6M took about 21 minutes on 2 cores."""
 
-TASK_ALGORITHM_DEFAULTS: dict[str, dict[str, dict[str, Any]]] = {
-    "walk": {"ppo": {"mirror_loss_coef": 0.3}},
-    "speed-range": {"ppo": {"mirror_loss_coef": 0.3}},
-    "joystick": {"ppo": {"mirror_loss_coef": 0.3, "actor_observation": "robot", "init_log_std": -1.0}},
-}
-"""``--task`` -> ``--algo`` -> the config fields a new run of that task takes when their flags are left out.
-
-The walking tasks get PPO's mirror loss: without it, speed-range's policies walked 0.3 m/s with a
+WALKING_MIRROR_LOSS = {"ppo": {"mirror_loss_coef": 0.3}}
+"""PPO's mirror loss on the tasks that walk forward: without it, speed-range's policies walked 0.3 m/s with a
 95th-percentile yaw drift of 53-67 degrees over 20 s (seeds 0-2); at 0.3 they drifted 11-24 degrees and
 still held every command within 0.03 m/s (docs/microduck.md, "Walking straight: the mirror loss")."""
 
 
-def task_algorithm_defaults(task: str, algo: str) -> dict[str, Any]:
-    """The config fields a new ``algo`` run of ``task`` takes unless given (see :data:`TASK_ALGORITHM_DEFAULTS`)."""
-    return dict(TASK_ALGORITHM_DEFAULTS.get(task, {}).get(algo, {}))
+JOYSTICK_ACTION_SCALE = 0.7
+"""Radians of servo target per unit of action of the joystick recipe: the gamepad runtime's own default, so
+a robot whose config overrides the policy's ``action_scale`` with its default still drives what was trained."""
 
 
-ALGORITHM_RUN_DEFAULTS: dict[str, dict[str, Any]] = {
-    "shac": {"backend": "mjx", "num_envs": 8, "max_episode_steps": 128, "total_steps": 25_600},
-    "apg": {"backend": "mjx"},
+@dataclass(frozen=True)
+class TaskRecipe:
+    """What a ``--task`` name stands for: the task library its env draws from, and the values a new run of
+    it takes where the user gives no flag (a flag always wins; see :mod:`waddle.algorithms.run_plan`)."""
+
+    library: Callable[[], list[MicroDuckTask]]
+    """Returns the task library, a list of task rows."""
+    run: Mapping[str, Any] = field(default_factory=dict)
+    """Run-config (``TrainConfig``) fields: the step budget (``total_steps``), and what the env is
+    (``randomization``, ``action_mode``, ``action_scale``, ``max_episode_steps``, ``push_scale``, ...)."""
+    algorithms: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """``--algo`` -> fields of that algorithm's config (``PPOConfig``, ...), e.g. PPO's ``mirror_loss_coef``
+    or ``actor_observation``; another algorithm is handed none of them."""
+
+    def __post_init__(self) -> None:  # read-only views: the table is shared by every run
+        object.__setattr__(self, "run", MappingProxyType(dict(self.run)))
+        fields = {algo: MappingProxyType(dict(values)) for algo, values in self.algorithms.items()}
+        object.__setattr__(self, "algorithms", MappingProxyType(fields))
+
+
+TASK_RECIPES: dict[str, TaskRecipe] = {
+    "standing": TaskRecipe(lambda: [MicroDuckEnv.standing_task()]),
+    "walk": TaskRecipe(
+        lambda: [MicroDuckEnv.tracking_task(WALK_SPEED, **WALKING_PRIOR)],
+        run={"total_steps": WALKING_STEPS},
+        algorithms=WALKING_MIRROR_LOSS,
+    ),
+    "speed-range": TaskRecipe(
+        lambda: [MicroDuckEnv.speed_range_task(0.1, 0.3, **SPEED_RANGE_PRIOR)],
+        run={"total_steps": WALKING_STEPS},
+        algorithms=WALKING_MIRROR_LOSS,
+    ),
+    "sidestep": TaskRecipe(
+        lambda: [MicroDuckEnv.sidestep_task(0.15, **WALKING_PRIOR)], run={"total_steps": WALKING_STEPS}
+    ),
+    "jump": TaskRecipe(lambda: [MicroDuckEnv.jump_task()]),
+    "mix": TaskRecipe(
+        lambda: [
+            MicroDuckEnv.standing_task(),
+            MicroDuckEnv.tracking_task(WALK_SPEED, **WALKING_PRIOR),
+            MicroDuckEnv.sidestep_task(0.15, **WALKING_PRIOR),
+            MicroDuckEnv.jump_task(),
+        ]
+    ),
+    # The reference's jump recipe: started from a walking policy, the jump row drawn three times as often.
+    "jump-mix": TaskRecipe(
+        lambda: [
+            MicroDuckEnv.tracking_task(WALK_SPEED, **WALKING_PRIOR),
+            MicroDuckEnv.standing_task(),
+            MicroDuckEnv.jump_task(weight=JUMP_MIX_WEIGHT),
+        ]
+    ),
+    # The robot's own contract: a twist from a gamepad, no clock, no prior. It trains what the robot runs:
+    # under upstream's randomization, with the robot's observation and action law, on 20 s episodes (as long
+    # as the evaluation's).
+    "joystick": TaskRecipe(
+        lambda: [MicroDuckEnv.joystick_task()],
+        run={
+            "total_steps": 20_000_000,
+            "randomization": "upstream",
+            "action_mode": "robot",
+            "action_scale": JOYSTICK_ACTION_SCALE,
+            "max_episode_steps": 1000,
+        },
+        algorithms={"ppo": {"mirror_loss_coef": 0.3, "actor_observation": "robot"}},
+    ),
 }
-"""``--algo`` -> the run fields (``TrainConfig``) a new run with it takes when their flags are left out.
+"""``--task`` name -> its :class:`TaskRecipe`: the one table of what each task is and brings to a new run.
+The walking recipes add the gait prior (``WALKING_PRIOR``) that TorchRL's factories leave out."""
 
-The analytic-gradient trainers need a differentiable backend: MJX, whose differentiable step simulates
-the robot ``mujoco`` does. SHAC on ``standing`` (``benchmarks/learning.py --parts shac``;
-docs/differentiable.md, "SHAC on the MicroDuck"):
-
-- 8 envs: a 32-step window is one actor update per 256 env steps. Per env step, 8 envs stood sooner
-  and fell back less than 16 or 32 (more updates from the same steps);
-- 128-step training episodes: the policy keeps meeting the first second after a reset, where a
-  standing policy trained on 500-step episodes forgot how to catch itself;
-- 25,600 env steps: 100 windows, about 5 minutes on 2 cores, over which the learning rates fall to zero
-  (``SHACConfig.lr_schedule``)."""
+TASKS: dict[str, Callable[[], list[MicroDuckTask]]] = {name: recipe.library for name, recipe in TASK_RECIPES.items()}
+"""``--task`` name -> a function returning the task library of that name (the recipes' libraries)."""
 
 
-def algorithm_run_defaults(algo: str) -> dict[str, Any]:
-    """The run fields a new ``algo`` run takes unless given (see :data:`ALGORITHM_RUN_DEFAULTS`)."""
-    return dict(ALGORITHM_RUN_DEFAULTS.get(algo, {}))
+def task_recipe(name: str) -> TaskRecipe:
+    """The :class:`TaskRecipe` of ``--task`` ``name``.
+
+    Raises:
+        ValueError: ``name`` is not a task, naming the tasks there are.
+    """
+    _choice("task", name, TASK_RECIPES)
+    return TASK_RECIPES[name]
 
 
 BACKENDS: tuple[str, ...] = tuple(PHYSICS_BACKENDS)
@@ -150,6 +159,12 @@ class Algorithm:
     """Config dataclass name."""
     differentiable: bool
     """Whether the trainer backpropagates through the env (``requires_grad=True``)."""
+    run_defaults: Mapping[str, Any] = field(default_factory=dict)
+    """Run-config (``TrainConfig``) fields a new run with this algorithm takes when their flags are left
+    out; they win over the task recipe's (an algorithm's needs, such as a differentiable backend, come first)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "run_defaults", MappingProxyType(dict(self.run_defaults)))
 
     def classes(self) -> tuple[type, type]:
         """``(trainer class, config class)``, imported on demand."""
@@ -159,10 +174,37 @@ class Algorithm:
 
 ALGORITHMS: dict[str, Algorithm] = {
     "ppo": Algorithm("waddle.algorithms.ppo", "PPO", "PPOConfig", differentiable=False),
-    "shac": Algorithm("waddle.algorithms.shac", "SHAC", "SHACConfig", differentiable=True),
-    "apg": Algorithm("waddle.algorithms.apg", "APG", "APGConfig", differentiable=True),
+    "shac": Algorithm(
+        "waddle.algorithms.shac",
+        "SHAC",
+        "SHACConfig",
+        differentiable=True,
+        run_defaults={"backend": "mjx", "num_envs": 8, "max_episode_steps": 128, "total_steps": 25_600},
+    ),
+    "apg": Algorithm("waddle.algorithms.apg", "APG", "APGConfig", differentiable=True, run_defaults={"backend": "mjx"}),
 }
-"""``--algo`` name -> its trainer."""
+"""``--algo`` name -> its trainer and run defaults.
+
+The analytic-gradient trainers need a differentiable backend: MJX, whose differentiable step simulates
+the robot ``mujoco`` does. SHAC on ``standing`` (``benchmarks/learning.py --parts shac``;
+docs/differentiable.md, "SHAC on the MicroDuck"):
+
+- 8 envs: a 32-step window is one actor update per 256 env steps. Per env step, 8 envs stood sooner
+  and fell back less than 16 or 32 (more updates from the same steps);
+- 128-step training episodes: the policy keeps meeting the first second after a reset, where a
+  standing policy trained on 500-step episodes forgot how to catch itself;
+- 25,600 env steps: 100 windows, about 5 minutes on 2 cores, over which the learning rates fall to zero
+  (``SHACConfig.lr_schedule``)."""
+
+
+def algorithm(name: str) -> Algorithm:
+    """The :class:`Algorithm` of ``--algo`` ``name``.
+
+    Raises:
+        ValueError: ``name`` is not an algorithm, naming the algorithms there are.
+    """
+    _choice("algorithm", name, ALGORITHMS)
+    return ALGORITHMS[name]
 
 
 def _choice(kind: str, name: str, choices: Mapping[str, Any] | tuple[str, ...]) -> None:
@@ -266,11 +308,40 @@ class CollectorEnv:
         )
 
 
+@dataclass(frozen=True)
+class CollectorSplit:
+    """How a run's envs are shared among its collectors: the same number each, their physics threads and seeds."""
+
+    envs_each: int
+    """Envs each collector steps: ``num_envs / collectors``."""
+    physics_threads_each: int
+    """Physics threads of each collector's env: ``cores / collectors``, at least one."""
+    seeds: tuple[int, ...]
+    """Collector ``i``'s seed: ``seed + i * COLLECTOR_SEED_STRIDE``."""
+
+    @classmethod
+    def of(cls, *, num_envs: int, collectors: int, seed: int, cores: int) -> CollectorSplit:
+        """The split of ``num_envs`` envs among ``collectors`` sharing ``cores`` cores, from ``seed``.
+
+        Raises:
+            ValueError: ``collectors`` does not split ``num_envs`` evenly (see
+                :func:`waddle.collectors.rollout.split_envs`).
+        """
+        each = split_envs(num_envs, collectors)
+        seeds = tuple(seed + index * COLLECTOR_SEED_STRIDE for index in range(collectors))
+        return cls(each, max(1, cores // collectors), seeds)
+
+    def envs(self, task: str, **kwargs: Any) -> list[CollectorEnv]:
+        """One :class:`CollectorEnv` of ``task`` per collector; ``kwargs`` go to each :func:`make_env`."""
+        _choice("task", task, TASKS)
+        options = tuple(sorted(kwargs.items()))
+        return [CollectorEnv(task, self.envs_each, seed, self.physics_threads_each, options) for seed in self.seeds]
+
+
 def collector_envs(
     task: str, *, num_envs: int, collectors: int, seed: int, cores: int, **kwargs: Any
 ) -> list[CollectorEnv]:
-    """One :class:`CollectorEnv` per collector: ``num_envs / collectors`` envs, ``cores / collectors``
-    physics threads (at least one), seeds ``seed + i * COLLECTOR_SEED_STRIDE``.
+    """One :class:`CollectorEnv` per collector, as :class:`CollectorSplit` shares ``num_envs`` and ``cores``.
 
     Raises:
         ValueError: ``collectors`` does not split ``num_envs`` evenly (see
@@ -281,12 +352,7 @@ def collector_envs(
         [(4, 0, 1), (4, 1000003, 1)]
     """
     _choice("task", task, TASKS)
-    each = split_envs(num_envs, collectors)
-    threads = max(1, cores // collectors)
-    options = tuple(sorted(kwargs.items()))
-    return [
-        CollectorEnv(task, each, seed + index * COLLECTOR_SEED_STRIDE, threads, options) for index in range(collectors)
-    ]
+    return CollectorSplit.of(num_envs=num_envs, collectors=collectors, seed=seed, cores=cores).envs(task, **kwargs)
 
 
 RENAMED_FIELDS: dict[str, dict[str, str]] = {

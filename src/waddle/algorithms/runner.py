@@ -69,7 +69,7 @@ class TrainConfig:
     """What to train and for how long; the algorithm's own hyperparameters live in its config."""
 
     task: str = "standing"
-    """Task library to train on (see waddle.algorithms.presets.TASKS)."""
+    """Task library to train on, and the defaults it brings (see waddle.algorithms.presets.TASK_RECIPES)."""
     algo: str = "ppo"
     """Training algorithm."""
     backend: str = "mujoco"
@@ -101,8 +101,8 @@ class TrainConfig:
     The default is about 13 minutes of PPO on 2 idle CPU cores (~2,000 env
     steps/s); PPO's standing policy holds 500-step episodes after ~262k steps.
     ``waddle train`` gives the walking tasks 6M when the flag is left out
-    (``presets.TASK_TOTAL_STEPS``), and ``--algo shac`` 25,600 on any task
-    (``presets.ALGORITHM_RUN_DEFAULTS``).
+    (their ``presets.TASK_RECIPES``), and ``--algo shac`` 25,600 on any task
+    (``presets.ALGORITHMS["shac"].run_defaults``).
     """
     seed: int = 0
     """Seed of torch and of the env's generator."""
@@ -157,7 +157,11 @@ class TrainConfig:
                 f"collector_backend must be one of {', '.join(REMOTE_COLLECTOR_BACKENDS)}; got {self.collector_backend!r}."
             )
         if self.ray_address and self.collector_backend != "ray":
-            object.__setattr__(self, "collector_backend", "ray")
+            raise ValueError(
+                f"ray_address {self.ray_address!r} names a Ray cluster, which collector_backend "
+                f"{self.collector_backend!r} does not use; set collector_backend to 'ray' (waddle train does when "
+                "--ray-address is given)."
+            )
         split_envs(self.num_envs, self.collectors)
 
     @property

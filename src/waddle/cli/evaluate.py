@@ -94,16 +94,9 @@ def checkpoint_path(path: str | Path) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from waddle.algorithms.evaluation import (
-        evaluate_tasks,
-        observation_key,
-        policy_from_checkpoint,
-        trained_env_options,
-        trained_horizon,
-        trained_push_scale,
-        trained_randomization,
-    )
+    from waddle.algorithms.evaluation import evaluate_tasks, observation_key, policy_from_checkpoint
     from waddle.algorithms.presets import make_env
+    from waddle.algorithms.run_plan import RunPlan
 
     for flag, value in (("--episodes", args.episodes), ("--max-steps", args.max_steps)):
         if value is not None and value < 1:
@@ -118,18 +111,19 @@ def run(args: argparse.Namespace) -> int:
     path = checkpoint_path(args.checkpoint)
     try:
         checkpoint = load_checkpoint(path)
-        run_config = checkpoint["config"]["run"]
-        randomization = args.randomization or trained_randomization(checkpoint)
+        plan = RunPlan.from_checkpoint(checkpoint)
+        trained = plan.run
+        randomization = args.randomization or trained.randomization
         env = make_env(
-            run_config["task"],
+            trained.task,
             num_envs=args.episodes,
             seed=args.seed,
-            backend=args.backend or run_config["backend"],
+            backend=args.backend or trained.backend,
             device=args.device,
             max_episode_steps=args.max_steps,
             command=None if args.command is None else tuple(args.command),
             randomization=randomization,
-            **trained_env_options(checkpoint),
+            **plan.policy_env_options,
         )
         try:
             policy = policy_from_checkpoint(checkpoint, env, args.device, actor_observation=args.actor_observation)
@@ -158,20 +152,18 @@ def run(args: argparse.Namespace) -> int:
         )
     finally:
         env.close()
-    trained = f"{checkpoint['algo']}, task {run_config['task']}, {checkpoint['env_steps']} env steps"
-    print(f"checkpoint {path} ({trained})")
+    print(f"checkpoint {path} ({checkpoint['algo']}, task {trained.task}, {checkpoint['env_steps']} env steps)")
     print(f"policy reads {observation_key(policy)}; envs drawn with randomization {randomization!r}")
     print(
         f"{args.episodes} episodes of {args.max_steps} steps per task and command; "
         "speeds, drift and hops over the envs that did not fall"
     )
-    push_scale = trained_push_scale(checkpoint)
-    if push_scale != 1.0:
+    if trained.push_scale != 1.0:
         print(
-            f"note: the policy trained on pushes {push_scale:g} times as hard as the "
-            f"{trained_randomization(checkpoint)!r} preset's; these envs draw the {randomization!r} preset as it is"
+            f"note: the policy trained on pushes {trained.push_scale:g} times as hard as the "
+            f"{trained.randomization!r} preset's; these envs draw the {randomization!r} preset as it is"
         )
-    horizon = trained_horizon(checkpoint)
+    horizon = trained.max_episode_steps
     if args.max_steps > horizon:
         print(
             f"note: the policy trained on episodes of {horizon} steps; past step {horizon} it runs in states it "

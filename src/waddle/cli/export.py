@@ -177,31 +177,24 @@ def random_observations(policy: torch.nn.Module, observation_dim: int, samples: 
 
 
 def run(args: argparse.Namespace) -> int:
-    from waddle.algorithms.evaluation import (
-        observation_key,
-        policy_from_checkpoint,
-        trained_env_options,
-        trained_push_scale,
-        trained_randomization,
-    )
+    from waddle.algorithms.evaluation import observation_key, policy_from_checkpoint
     from waddle.algorithms.presets import make_env
+    from waddle.algorithms.run_plan import RunPlan
     from waddle.deploy.contract import default_sidecar_path
     from waddle.deploy.sidecar import build_sidecar, write_sidecar
 
     path = checkpoint_path(args.checkpoint)
     try:
         checkpoint = load_checkpoint(path)
-        run_config = checkpoint["config"]["run"]
-        randomization = trained_randomization(checkpoint)
-        env_options = trained_env_options(checkpoint)
+        plan = RunPlan.from_checkpoint(checkpoint)
         # The training env's layout, randomization and latency are what the sidecar describes.
         env = make_env(
-            run_config["task"],
+            plan.run.task,
             num_envs=1,
             seed=0,
             backend="mujoco",
-            randomization=randomization,
-            **env_options,
+            randomization=plan.run.randomization,
+            **plan.policy_env_options,
         )
         try:
             policy = policy_from_checkpoint(checkpoint, env, actor_observation=args.actor_observation)
@@ -233,11 +226,11 @@ def run(args: argparse.Namespace) -> int:
         training={
             "checkpoint": str(path),
             "algo": checkpoint["algo"],
-            "task": run_config["task"],
-            "randomization": randomization,
-            "push_scale": trained_push_scale(checkpoint),
+            "task": plan.run.task,
+            "randomization": plan.run.randomization,
+            "push_scale": plan.run.push_scale,
             "actor_observation": "sensors" if key == "sensor_observation" else "full",
-            **env_options,
+            **plan.policy_env_options,
             "env_steps": int(checkpoint["env_steps"]),
         },
         onnx_file=Path(args.onnx).name,

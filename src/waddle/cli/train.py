@@ -2,9 +2,21 @@
 
 Every flag comes from a config dataclass field and its docstring: the run
 settings from :class:`~waddle.algorithms.runner.TrainConfig`, the algorithm's
-hyperparameters from ``PPOConfig``, ``SHACConfig`` or ``APGConfig``. A flag
-left out keeps the config default (or, with ``--resume``, the checkpoint's
-value).
+hyperparameters from ``PPOConfig``, ``SHACConfig`` or ``APGConfig``.
+
+The command goes through five steps, in this file's order:
+
+1. parse: the flags the user gave (:func:`given_flags`; a flag left out is absent);
+2. load: the checkpoints ``--resume`` and ``--init-from`` name, each once (:func:`load_starts`);
+3. resolve: :func:`~waddle.algorithms.run_plan.resolve_run` applies every layer of
+   the run's configuration in one order (the config defaults, the task's recipe,
+   the algorithm's run defaults, the ``--init-from`` source, the learning-rate
+   schedule's length, the flags; a resumed run: the checkpoint's plan, then the
+   flags) and derives what follows for this machine (update threads, the
+   collectors' split);
+4. build: env, collectors, trainer, source weights and logger, as the plan says;
+5. run: the :class:`~waddle.algorithms.runner.Runner`, which records the plan in
+   ``config.json`` and the checkpoint.
 
 ``--init-from CHECKPOINT`` starts a new run (its own ``--task`` library and
 ``--out``) from another run's weights and observation statistics, with a fresh
@@ -25,34 +37,30 @@ import sys
 import textwrap
 import time
 from collections.abc import Iterable
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from waddle.algorithms.checkpoint import CheckpointError, check_compatible, load_checkpoint
-from waddle.algorithms.evaluation import POLICY_ENV_FIELDS
-from waddle.algorithms.init_from import InitFromError, check_network_config, inherited_fields, load_weights
+from waddle.algorithms.checkpoint import CheckpointError, load_checkpoint
+from waddle.algorithms.init_from import InitFromError, load_weights
 from waddle.algorithms.loggers import LOGGERS, make_logger, require_package
-from waddle.algorithms.ppo import default_update_threads
 from waddle.algorithms.presets import (
     ACTOR_OBSERVATIONS,
     ALGORITHMS,
     BACKENDS,
     RANDOMIZATIONS,
-    TASK_ALGORITHM_DEFAULTS,
-    TASK_TOTAL_STEPS,
+    TASK_RECIPES,
     TASKS,
     CollectorEnv,
-    algorithm_run_defaults,
-    collector_envs,
-    make_config,
     make_env,
     make_trainer,
-    task_algorithm_defaults,
-    task_run_defaults,
-    training_randomization,
-    upgrade_config_fields,
-    upgrade_run_fields,
+)
+from waddle.algorithms.run_plan import (
+    RUN_FIELDS,
+    Machine,
+    RunPlan,
+    SourceCheckpoint,
+    check_one_start,
+    resolve_run,
 )
 from waddle.algorithms.runner import (
     ACTION_MODES,
@@ -69,20 +77,6 @@ from waddle.collectors.rollout import ray_init_options
 
 DEFAULT_OUT = "runs/train"
 VIDEO_FILE = "video.mp4"
-RESUMABLE_FIELDS = (
-    "run.total_steps",
-    "run.checkpoint_every",
-    "run.plot_every_s",
-    "run.video_frames",
-    "run.torch_threads",
-    "run.update_threads",
-    "run.logger",
-    "run.collectors",
-    "run.collector_backend",
-    "run.ray_address",
-    "collectors",
-)
-"""Config fields ``--resume`` lets a run change; any other difference is refused."""
 CHOICES = {
     "task": tuple(TASKS),
     "algo": tuple(ALGORITHMS),
@@ -189,10 +183,8 @@ def add_config_arguments(
             shown = " ".join(map(str, default)) if isinstance(default, tuple) else default
             shown = f"{label}: {shown}" if len(configs) > 1 else str(shown)
             helps.setdefault(field.name, [docs.get(field.name, "")]).append(shown)
-            for task, value in _task_defaults(label, field.name).items():
-                helps[field.name].append(
-                    f"{label} on --task {task}: {value}" if len(configs) > 1 else f"--task {task}: {value}"
-                )
+            for source, value in _recipe_defaults(label, field.name).items():
+                helps[field.name].append(f"{label} on {source}: {value}" if len(configs) > 1 else f"{source}: {value}")
     group = parser.add_argument_group(title)
     for name, _labels in owners.items():
         doc, *defaults = helps[name]
@@ -205,11 +197,19 @@ def add_config_arguments(
     return owners
 
 
-def _task_defaults(algo: str, field: str) -> dict[str, Any]:
-    """Task -> its own default of ``algo``'s config ``field``, for the tasks that set one."""
-    return {
-        task: fields[algo][field] for task, fields in TASK_ALGORITHM_DEFAULTS.items() if field in fields.get(algo, {})
-    }
+def _recipe_defaults(label: str, field: str) -> dict[str, Any]:
+    """``"--task NAME"`` or ``"--algo NAME"`` -> its own default of config ``label``'s ``field`` (``"run"``
+    or an algorithm), for the task recipes and algorithms that set one."""
+    defaults = {}
+    for task, recipe in TASK_RECIPES.items():
+        fields = recipe.run if label == "run" else recipe.algorithms.get(label, {})
+        if field in fields:
+            defaults[f"--task {task}"] = fields[field]
+    if label == "run":
+        for algo, entry in ALGORITHMS.items():
+            if field in entry.run_defaults:
+                defaults[f"--algo {algo}"] = entry.run_defaults[field]
+    return defaults
 
 
 def _algorithm_configs() -> dict[str, type]:
@@ -239,7 +239,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 # ---------------------------------------------------------------------------
-# The command
+# The command: parse -> load -> resolve -> build -> run
 # ---------------------------------------------------------------------------
 
 
@@ -248,24 +248,10 @@ def _error(message: str) -> int:
     return 1
 
 
-def _given(args: argparse.Namespace, names: Iterable[str]) -> dict[str, Any]:
+def given_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The config fields the user set on the command line, field -> value (a flag left out is absent)."""
+    names = [*RUN_FIELDS, *getattr(args, "algorithm_fields", {})]
     return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
-
-
-def init_source(args: argparse.Namespace) -> dict[str, Any] | None:
-    """The checkpoint ``--init-from`` names, loaded and checked (``None`` without the flag).
-
-    Raises:
-        CheckpointError: it cannot be read or has no run/algorithm config.
-    """
-    path = getattr(args, "init_from", None)
-    if path is None:
-        return None
-    source = load_checkpoint(_checkpoint_file(path))
-    saved = source["config"]
-    if not isinstance(saved, dict) or "algorithm" not in saved:
-        raise CheckpointError(f"--init-from {path}: the checkpoint has no algorithm config.")
-    return source
 
 
 def _checkpoint_file(path: str | Path) -> Path:
@@ -273,111 +259,71 @@ def _checkpoint_file(path: str | Path) -> Path:
     return path / CHECKPOINT_FILE if path.is_dir() else path
 
 
-def resolve_config(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """The run's config ``{"run": ..., "algorithm": ...}`` and, with ``--resume``, the checkpoint.
-
-    With ``--init-from`` the config also holds ``"init_from"``: the source's
-    path, algorithm, task library and env steps (a record; a resumed run keeps it).
+def load_starts(args: argparse.Namespace) -> tuple[dict[str, Any] | None, SourceCheckpoint | None]:
+    """The checkpoints the run starts from, each loaded once: ``--resume``'s (the one in ``--out``) and
+    ``--init-from``'s (``None`` for the one not asked for).
 
     Raises:
-        CheckpointError: the checkpoint cannot be used, or the flags differ from it
-            in a field a resumed run cannot change.
-        InitFromError: the ``--init-from`` source's networks differ from this run's.
-        ValueError: a flag does not apply to the chosen algorithm, a value is invalid,
-            or ``--resume`` and ``--init-from`` are both given.
+        CheckpointError: a checkpoint cannot be read or records no run/algorithm config, or a new
+            run's ``--out`` already holds one.
+        ValueError: both ``--resume`` and ``--init-from`` are given.
     """
-    out = Path(args.out)
-    run_flags = _given(args, [field.name for field in dataclasses.fields(TrainConfig)])
-    algorithm_flags = _given(args, getattr(args, "algorithm_fields", {}))
-    if args.resume and getattr(args, "init_from", None) is not None:
-        raise ValueError(
-            "--resume continues the run in --out and --init-from starts a new one from another run's weights; "
-            "pass one of them."
-        )
-    source = init_source(args)
-    checkpoint = None
-    if args.resume:
-        checkpoint = load_checkpoint(out / CHECKPOINT_FILE)
-        saved = checkpoint["config"]
-        if not isinstance(saved, dict) or not {"run", "algorithm"} <= set(saved):
-            raise CheckpointError(f"checkpoint {out / CHECKPOINT_FILE} has no run/algorithm config.")
-        saved["run"] = upgrade_run_fields(saved["run"])
-        saved["algorithm"] = upgrade_config_fields(saved["run"].get("algo", "ppo"), saved["algorithm"])
-        run = TrainConfig(**{**saved["run"], **run_flags})
-        base = saved["algorithm"] if run.algo == saved["run"].get("algo") else {}
-    else:
-        if (out / CHECKPOINT_FILE).exists():
-            raise CheckpointError(
-                f"{out / CHECKPOINT_FILE} exists; pass --resume to continue it or choose another --out."
-            )
-        if source is not None:
-            run_flags.setdefault("algo", source["algo"])
-            # What the source's actor reads and what its actions mean carry over unless given.
-            source_run = upgrade_run_fields(source["config"].get("run") or {})
-            for name in POLICY_ENV_FIELDS:
-                run_flags.setdefault(name, source_run[name])
-        for name, value in algorithm_run_defaults(run_flags.get("algo", TrainConfig.algo)).items():
-            run_flags.setdefault(name, value)
-        task = run_flags.get("task", TrainConfig.task)
-        for name, value in task_run_defaults(task).items():
-            run_flags.setdefault(name, value)
-        if "total_steps" not in run_flags and task in TASK_TOTAL_STEPS:
-            run_flags["total_steps"] = TASK_TOTAL_STEPS[task]
-        run = TrainConfig(**run_flags)
-        base = task_algorithm_defaults(run.task, run.algo)
-        if source is not None and source["algo"] == run.algo:
-            base.update(inherited_fields(source))
-    fields = {field.name for field in dataclasses.fields(ALGORITHMS[run.algo].classes()[1])}
-    if checkpoint is None and "lr_decay_steps" in fields:
-        base["lr_decay_steps"] = run.total_steps  # a new run's schedule spans it, as CleanRL's anneal_lr
-    foreign = sorted(set(algorithm_flags) - fields)
-    if foreign:
-        raise ValueError(f"{', '.join(map(_flag, foreign))} do(es) not apply to --algo {run.algo}.")
-    algorithm = make_config(run.algo, {**base, **algorithm_flags})
-    if run.sensor_history > 1 and getattr(algorithm, "actor_observation", "full") != "sensors":
-        raise ValueError(
-            f"--sensor-history {run.sensor_history} stacks the frames of the sensor observation, which only an "
-            "actor reading it sees: add --actor-observation sensors (PPO), or leave --sensor-history at 1."
-        )
-    config = {"run": asdict(run), "algorithm": _jsonable(asdict(algorithm))}
-    if checkpoint is not None:
-        if "init_from" in checkpoint["config"]:
-            config["init_from"] = checkpoint["config"]["init_from"]
-        check_compatible(checkpoint["config"], config, ignore=RESUMABLE_FIELDS)
-    if source is not None:
-        check_network_config(source, run.algo, config["algorithm"], path=args.init_from)
-        config["init_from"] = {
-            "checkpoint": str(args.init_from),
-            "algo": source["algo"],
-            "task_library": source["trainer"].get("task_library"),
-            "env_steps": int(source["env_steps"]),
-        }
-    return config, checkpoint
+    check_one_start(resume=args.resume, init_from=args.init_from is not None)
+    source = None
+    if args.init_from is not None:
+        checkpoint = load_checkpoint(_checkpoint_file(args.init_from))
+        if not isinstance(checkpoint["config"], dict) or "algorithm" not in checkpoint["config"]:
+            raise CheckpointError(f"--init-from {args.init_from}: the checkpoint has no algorithm config.")
+        source = SourceCheckpoint(args.init_from, checkpoint)
+    path = Path(args.out) / CHECKPOINT_FILE
+    if not args.resume:
+        if path.exists():
+            raise CheckpointError(f"{path} exists; pass --resume to continue it or choose another --out.")
+        return None, source
+    checkpoint = load_checkpoint(path)
+    if not isinstance(checkpoint["config"], dict) or not {"run", "algorithm"} <= set(checkpoint["config"]):
+        raise CheckpointError(f"checkpoint {path} has no run/algorithm config.")
+    return checkpoint, source
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {key: _jsonable(item) for key, item in value.items()}
-    if isinstance(value, tuple):
-        return [_jsonable(item) for item in value]
-    return value
+def plan_run(args: argparse.Namespace) -> tuple[RunPlan, dict[str, Any] | None, SourceCheckpoint | None]:
+    """Parse, load, resolve: the run's plan (:func:`~waddle.algorithms.run_plan.resolve_run` of the flags
+    given, the checkpoints they name and this machine), the checkpoint it resumes and the one it starts from.
+
+    Raises:
+        CheckpointError, InitFromError, ValueError: see :func:`load_starts` and ``resolve_run``.
+    """
+    flags = given_flags(args)
+    resume, source = load_starts(args)
+    machine = Machine(cores=len(os.sched_getaffinity(0)))
+    plan = resolve_run(flags, resume=resume, init_from=source, machine=machine)
+    return plan, resume, source
+
+
+def resolve_config(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The config ``waddle train`` with these arguments would record (:meth:`RunPlan.config`) and, with
+    ``--resume``, the checkpoint it continues.
+
+    Raises:
+        as :func:`plan_run`.
+    """
+    plan, resume, _ = plan_run(args)
+    return plan.config(), resume
 
 
 def run(args: argparse.Namespace) -> int:
     import torch
 
     try:
-        config, checkpoint = resolve_config(args)
-        source = init_source(args) if checkpoint is None else None
-    except (CheckpointError, ValueError, TypeError) as err:  # TypeError: a config field this version lacks
+        plan, checkpoint, source = plan_run(args)
+    except (CheckpointError, ValueError, TypeError) as err:  # TypeError: a value of the wrong type
         return _error(str(err).splitlines()[0])
-    run_config = TrainConfig(**config["run"])
+    run_config = plan.run
     out = Path(args.out)
     try:
         require_package(run_config.logger)  # before anything is built or written
     except ImportError as err:
         return _error(str(err))
-    start_iteration = 0 if checkpoint is None else int(checkpoint["iteration"])
     if checkpoint is not None and checkpoint["env_steps"] >= run_config.total_steps:
         steps = checkpoint["env_steps"]
         print(f"{out / CHECKPOINT_FILE} already holds {steps} env steps >= --total-steps; nothing to train.")
@@ -387,48 +333,36 @@ def run(args: argparse.Namespace) -> int:
             (out / name).unlink(missing_ok=True)
         shutil.rmtree(out / "csv" / "scalars", ignore_errors=True)  # the csv logger appends
 
+    # Build what the plan says.
     if run_config.torch_threads > 0:
         torch.set_num_threads(run_config.torch_threads)
-    torch.manual_seed(run_config.seed + start_iteration)
+    seed = run_config.seed + plan.start_iteration
+    torch.manual_seed(seed)
     algorithm = ALGORITHMS[run_config.algo]
-    cores = len(os.sched_getaffinity(0))
-    env_options = dict(
-        backend=run_config.backend,
-        device=args.device,
-        # PPO logs each weighted reward term (reward/<term>) from the env's diagnostics.
-        diagnostics=not algorithm.differentiable,
-        randomization=training_randomization(run_config.randomization, run_config.push_scale),
-        sensor_history=run_config.sensor_history,
-        action_scale=run_config.action_scale,
-        action_mode=run_config.action_mode,
-        max_episode_steps=run_config.max_episode_steps,
-    )
+    # PPO logs each weighted reward term (reward/<term>) from the env's diagnostics.
+    env_options = dict(device=args.device, diagnostics=not algorithm.differentiable, **plan.training_env_options())
     env_factories, ray_init = None, None
     try:
-        if run_config.remote_collectors:
-            env_factories, ray_init = _remote_collectors(run_config, config, start_iteration, cores, env_options)
+        if plan.collectors is not None:
+            env_factories, ray_init = _remote_collectors(plan, env_options)
         # With remote collectors this env only describes the batch (specs and size); it never steps.
         env = make_env(
             run_config.task,
             num_envs=run_config.num_envs,
-            seed=run_config.seed + start_iteration,
+            seed=seed,
             differentiable=algorithm.differentiable,
             **({"num_threads": 1} if env_factories is not None else {}),
             **env_options,
         )
     except (ValueError, ImportError) as err:
         return _error(str(err).splitlines()[0])
-    algo_config = make_config(run_config.algo, config["algorithm"])
-    update_threads = run_config.update_threads or (
-        default_update_threads(algo_config, cores) if run_config.algo == "ppo" else cores
-    )
     try:
         trainer = make_trainer(
             run_config.algo,
             env,
-            algo_config,
+            plan.algorithm,
             args.device,
-            update_threads=update_threads,
+            update_threads=plan.update_threads,
             env_factories=env_factories,
             collector_backend=run_config.collector_backend,
             ray_init=ray_init,
@@ -445,12 +379,13 @@ def run(args: argparse.Namespace) -> int:
             return _error(f"could not start the collectors: {str(err).strip().splitlines()[0]}")
     if source is not None:
         try:
-            report = load_weights(trainer, run_config.algo, source, path=args.init_from)
+            report = load_weights(trainer, run_config.algo, source.checkpoint, path=source.path)
         except InitFromError as err:
             _close(trainer)
             env.close()
             return _error(str(err))
-        print(f"initialised from {args.init_from}: {report.summary()}")
+        print(f"initialised from {source.path}: {report.summary()}")
+    config = plan.config()
     logger = make_logger(run_config.logger, out, config=config)
     runner = Runner(
         trainer,
@@ -463,6 +398,8 @@ def run(args: argparse.Namespace) -> int:
         progress=args.progress,
         logger=logger,
     )
+
+    # Run.
     started = time.perf_counter()
     try:
         if checkpoint is not None:
@@ -490,7 +427,7 @@ def run(args: argparse.Namespace) -> int:
         written.append(f"{run_config.logger}/")
     if run_config.video_frames > 0:
         try:
-            _film(trainer, run_config, out / VIDEO_FILE, args.device)
+            _film(trainer, plan, out / VIDEO_FILE, args.device)
             written.append(VIDEO_FILE)
         except (RuntimeError, OSError, ImportError) as err:
             print(f"waddle train: warning: no {VIDEO_FILE}: {str(err).splitlines()[0]}", file=sys.stderr)
@@ -503,45 +440,24 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _remote_collectors(
-    run_config: TrainConfig, config: dict[str, Any], start_iteration: int, cores: int, env_options: dict[str, Any]
-) -> tuple[list[CollectorEnv], dict[str, Any] | None]:
-    """The collectors' env recipes and ``ray.init`` options; records their seeds in ``config`` and says where they run.
+def _remote_collectors(plan: RunPlan, env_options: dict[str, Any]) -> tuple[list[CollectorEnv], dict[str, Any] | None]:
+    """The collectors' env recipes, as the plan splits the envs, and ``ray.init`` options; says where they run.
 
     Raises:
-        ValueError: the algorithm needs its env in process, or the Ray address cannot be reached.
+        ValueError: the Ray address cannot be reached.
         ImportError: Ray is asked for and not installed.
     """
-    if ALGORITHMS[run_config.algo].differentiable:
-        raise ValueError(
-            f"--algo {run_config.algo} backpropagates through its env, which must live in the training "
-            "process; --collectors and --ray-address are for ppo."
-        )
+    run_config, split = plan.run, plan.collectors
+    env_factories = split.envs(run_config.task, **env_options)
     local = run_config.collector_backend == "process"
-    env_factories = collector_envs(
-        run_config.task,
-        num_envs=run_config.num_envs,
-        collectors=run_config.collectors,
-        seed=run_config.seed + start_iteration,
-        # Local processes share this machine's cores; a Ray actor reserves one CPU wherever it lands.
-        cores=cores if local else run_config.collectors,
-        **env_options,
-    )
     ray_init = None if local else ray_init_options(run_config.ray_address)
-    first = env_factories[0]
-    config["collectors"] = {
-        "backend": run_config.collector_backend,
-        "seeds": [factory.seed for factory in env_factories],
-        "envs_each": first.num_envs,
-        "physics_threads_each": first.num_threads,
-    }
     if local:
         where = "local processes"
     else:
         where = f"the Ray cluster at {run_config.ray_address}" if run_config.ray_address else "local Ray"
     print(
-        f"{len(env_factories)} collectors in {where}: {first.num_envs} envs and {first.num_threads} physics "
-        f"threads each, seeds {config['collectors']['seeds']}"
+        f"{len(env_factories)} collectors in {where}: {split.envs_each} envs and {split.physics_threads_each} "
+        f"physics threads each, seeds {list(split.seeds)}"
     )
     return env_factories, ray_init
 
@@ -553,22 +469,20 @@ def _close(trainer: Trainer) -> None:
         close()
 
 
-def _film(trainer: Trainer, run_config: TrainConfig, path: Path, device: str) -> None:
-    """Film the deterministic policy in one env for ``video_frames`` control steps."""
+def _film(trainer: Trainer, plan: RunPlan, path: Path, device: str) -> None:
+    """Film the deterministic policy in one env for ``video_frames`` control steps (the preset's pushes)."""
     from waddle.algorithms.evaluation import film
 
     env = make_env(
-        run_config.task,
+        plan.run.task,
         num_envs=1,
-        seed=run_config.seed + 1,
-        backend=run_config.backend,
+        seed=plan.run.seed + 1,
+        backend=plan.run.backend,
         device=device,
-        randomization=run_config.randomization,
-        sensor_history=run_config.sensor_history,
-        action_scale=run_config.action_scale,
-        action_mode=run_config.action_mode,
+        randomization=plan.run.randomization,
+        **plan.policy_env_options,
     )
     try:
-        film(env, trainer.deterministic_policy(), path, frames=run_config.video_frames)
+        film(env, trainer.deterministic_policy(), path, frames=plan.run.video_frames)
     finally:
         env.close()
