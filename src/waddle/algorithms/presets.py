@@ -54,6 +54,15 @@ WALKING_MIRROR_LOSS = {"ppo": {"mirror_loss_coef": 0.3}}
 still held every command within 0.03 m/s (docs/microduck.md, "Walking straight: the mirror loss")."""
 
 
+JOYSTICK_STEPS = 12_000_000
+"""The joystick recipe's step budget: about 50 minutes of PPO on 2 CPU cores."""
+
+JOYSTICK_PRIOR_FADE_STEPS = 5_000_000
+"""Env steps over which the joystick recipe's gait prior fades out. Trained from the start without one, the
+robot's clock-free policy learned to stand and never stepped (1.5M env steps, seed 0): nothing paid for a
+step until it landed one. On the prior's swing-leg lift it steps from the first iterations; as the lift
+fades, the network, which sees its legs move but no clock, has to lift them itself."""
+
 JOYSTICK_ACTION_SCALE = 0.7
 """Radians of servo target per unit of action of the joystick recipe: the gamepad runtime's own default, so
 a robot whose config overrides the policy's ``action_scale`` with its default still drives what was trained."""
@@ -115,15 +124,16 @@ TASK_RECIPES: dict[str, TaskRecipe] = {
     # under upstream's randomization, with the robot's observation and action law, on 20 s episodes (as long
     # as the evaluation's).
     "joystick": TaskRecipe(
-        lambda: [MicroDuckEnv.joystick_task()],
+        lambda: [MicroDuckEnv.joystick_task(**WALKING_PRIOR)],
         run={
-            "total_steps": 20_000_000,
+            "total_steps": JOYSTICK_STEPS,
+            "gait_prior_fade_steps": JOYSTICK_PRIOR_FADE_STEPS,
             "randomization": "upstream",
             "action_mode": "robot",
             "action_scale": JOYSTICK_ACTION_SCALE,
             "max_episode_steps": 1000,
         },
-        algorithms={"ppo": {"mirror_loss_coef": 0.3, "actor_observation": "robot"}},
+        algorithms={"ppo": {"mirror_loss_coef": 0.3, "actor_observation": "robot", "init_log_std": -1.0}},
     ),
 }
 """``--task`` name -> its :class:`TaskRecipe`: the one table of what each task is and brings to a new run.
@@ -390,6 +400,7 @@ ADDED_RUN_FIELDS: dict[str, Any] = {
     "collector_backend": "process",
     "ray_address": "",
     "action_mode": "residual",
+    "gait_prior_fade_steps": 0,
 }
 """Run-config (``TrainConfig``) fields added since checkpoints were first written -> the value
 a checkpoint without the field was trained with (no field: no randomization)."""

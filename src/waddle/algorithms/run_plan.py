@@ -134,6 +134,8 @@ class RunPlan:
     start_iteration: int = 0
     """Iteration the run starts at: 0, or a resumed checkpoint's (its env and torch seeds are offset by it;
     0 in a plan read from a checkpoint)."""
+    env_steps: int = 0
+    """Env steps trained before this plan applies: 0 for a new run, the checkpoint's otherwise."""
     run_recorded: bool = True
     """Whether the checkpoint the plan was read from records its run config (a hand-made one may hold only
     the algorithm's; its run fields are then the ones checkpoints without them trained with)."""
@@ -148,9 +150,20 @@ class RunPlan:
         return str(getattr(self.algorithm, "actor_observation", "full"))
 
     @property
+    def gait_prior_scale(self) -> float:
+        """The share of the task's gait prior the env adds after ``env_steps``: 1 without a fade, else
+        ``max(0, 1 - env_steps / gait_prior_fade_steps)``."""
+        fade = self.run.gait_prior_fade_steps
+        return 1.0 if fade == 0 else max(0.0, 1.0 - self.env_steps / fade)
+
+    @property
     def policy_env_options(self) -> dict[str, Any]:
-        """The MicroDuckEnv options (:data:`POLICY_ENV_FIELDS`) every env the policy runs in takes."""
-        return {name: getattr(self.run, name) for name in POLICY_ENV_FIELDS}
+        """The MicroDuckEnv options (:data:`POLICY_ENV_FIELDS`) every env the policy runs in takes, and
+        for a run whose gait prior fades, the share of it left after ``env_steps``."""
+        options = {name: getattr(self.run, name) for name in POLICY_ENV_FIELDS}
+        if self.run.gait_prior_fade_steps > 0:
+            options["gait_prior_scale"] = self.gait_prior_scale
+        return options
 
     def training_env_options(self) -> dict[str, Any]:
         """:func:`~waddle.algorithms.presets.make_env` options of the training env: backend, randomization
@@ -224,6 +237,7 @@ class RunPlan:
             cores=machine.get("cores"),
             update_threads=machine.get("update_threads"),
             collectors=split,
+            env_steps=int(checkpoint.get("env_steps", 0)),
             run_recorded=recorded,
         )
 
@@ -284,7 +298,8 @@ def resolve_run(
         recipe = task_recipe(run_flags.get("task", TrainConfig.task))
         fields = {**recipe.run, **algorithm(algo).run_defaults, "algo": algo}  # layers 2 and 3
         if source is not None:  # layer 4: what the source's policy reads and what its actions mean
-            fields.update(RunPlan.from_checkpoint(source, require_run=False).policy_env_options)
+            source_options = RunPlan.from_checkpoint(source, require_run=False).policy_env_options
+            fields.update({name: source_options[name] for name in POLICY_ENV_FIELDS})
         run = _train_config({**fields, **run_flags})
         base = dict(recipe.algorithms.get(run.algo, {}))
         if source is not None and source["algo"] == run.algo:
@@ -321,7 +336,13 @@ def resolve_run(
         ),
         collectors=_collector_split(run, start_iteration, machine),
         start_iteration=start_iteration,
+        env_steps=0 if resume is None else int(resume["env_steps"]),
     )
+    if run.gait_prior_fade_steps > 0 and plan.collectors is not None:
+        raise ValueError(
+            "--gait-prior-fade-steps changes the training env as the run goes, which it can do only in this "
+            "process: leave --collectors at 1 and --collector-backend unset."
+        )
     if saved is not None:
         check_compatible(saved.config(), plan.config(), ignore=RESUMABLE_FIELDS)
     if init_from is not None:

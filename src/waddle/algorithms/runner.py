@@ -29,7 +29,7 @@ import io
 import json
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,7 +88,11 @@ class TrainConfig:
     actions live in [-1, 1]), or of the HOME pose with '--action-mode robot'; the export records it."""
     action_mode: str = "residual"
     """What an action means: 'residual' (an offset in [-1, 1] around the STAND pose plus the task's gait
-    prior) or 'robot' (the MicroDuck daemon's HOME + action_scale * action, unclipped, no prior)."""
+    prior) or 'robot' (the MicroDuck daemon's HOME + action_scale * action, unclipped)."""
+    gait_prior_fade_steps: int = 0
+    """Env steps over which the training env's gait prior fades to nothing (0: it stays as the task sets it).
+    A policy that reads no gait clock learns to step on the prior and takes the stepping over as it fades;
+    after that many steps the env adds nothing, as the robot adds nothing."""
     max_episode_steps: int = 500
     """Control steps after which a training episode is cut (truncated, its value bootstrapped): 500 = 10 s at
     50 Hz (--algo shac: 128 unless given). A policy never sees a state later than this in training; 'waddle eval'
@@ -133,7 +137,7 @@ class TrainConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
-        for name in ("video_frames", "torch_threads", "update_threads"):
+        for name in ("video_frames", "torch_threads", "update_threads", "gait_prior_fade_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}.")
         scale = self.action_scale
@@ -304,6 +308,9 @@ class Runner:
         progress: show a tqdm progress bar (on stderr).
         logger: a TorchRL logger that also gets each row's scalars, at step
             ``env_steps`` (the caller closes it).
+        before_iteration: called with the env steps done before each
+            iteration (a curriculum's hook); the scalars it returns join
+            that iteration's row.
 
     Example:
         >>> runner = Runner(trainer, "runs/x", algo="ppo", config=config, total_steps=100_000)  # doctest: +SKIP
@@ -323,8 +330,10 @@ class Runner:
         plot_every_s: float = 20.0,
         progress: bool = True,
         logger: Logger | None = None,
+        before_iteration: Callable[[int], Mapping[str, float]] | None = None,
     ) -> None:
         self.trainer = trainer
+        self.before_iteration = before_iteration
         self.out_dir = Path(out_dir)
         self.algo = algo
         self.config = dict(config)
@@ -451,6 +460,7 @@ class Runner:
         try:
             while self.env_steps < self.total_steps:
                 start = time.perf_counter()
+                schedule = dict(self.before_iteration(self.env_steps)) if self.before_iteration else {}
                 try:
                     metrics = self.trainer.train_iteration()
                 except FloatingPointError as err:  # e.g. PPO's NonFiniteLossError, raised before its step
@@ -472,6 +482,7 @@ class Runner:
                     "wall_time_s": round(self.wall_time_s, 3),
                     "steps_per_second": round(self.steps_per_iteration / max(elapsed, 1e-9), 1),
                     **{key: float(value) for key, value in metrics.items()},
+                    **{key: float(value) for key, value in schedule.items()},
                 }
                 self._log(row)
                 bar.update(min(self.env_steps, self.total_steps) - bar.n)

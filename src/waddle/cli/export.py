@@ -277,6 +277,11 @@ def _export_robot_policy(args: argparse.Namespace, policy: torch.nn.Module, env:
         )
     if reads_task_id(policy):
         return _error(f"{args.checkpoint}: the robot's file has one input (obs); a task-conditioned policy has two.")
+    if env.adds_gait_prior:
+        return _error(
+            f"{args.checkpoint}: its training env still added {env.gait_prior_scale:.2f} of the gait prior to the "
+            "policy's action, which the robot does not add; train past --gait-prior-fade-steps first."
+        )
     metadata = robot_metadata(action_scale=env.action_scale, default_joint_pos=env.default_joint_pos)
     export_onnx(
         policy,

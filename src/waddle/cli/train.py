@@ -36,7 +36,7 @@ import shutil
 import sys
 import textwrap
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -397,6 +397,7 @@ def run(args: argparse.Namespace) -> int:
         plot_every_s=run_config.plot_every_s,
         progress=args.progress,
         logger=logger,
+        before_iteration=_gait_prior_fade(env, run_config.gait_prior_fade_steps),
     )
 
     # Run.
@@ -427,7 +428,7 @@ def run(args: argparse.Namespace) -> int:
         written.append(f"{run_config.logger}/")
     if run_config.video_frames > 0:
         try:
-            _film(trainer, plan, out / VIDEO_FILE, args.device)
+            _film(trainer, dataclasses.replace(plan, env_steps=result.env_steps), out / VIDEO_FILE, args.device)
             written.append(VIDEO_FILE)
         except (RuntimeError, OSError, ImportError) as err:
             print(f"waddle train: warning: no {VIDEO_FILE}: {str(err).splitlines()[0]}", file=sys.stderr)
@@ -460,6 +461,19 @@ def _remote_collectors(plan: RunPlan, env_options: dict[str, Any]) -> tuple[list
         f"physics threads each, seeds {list(split.seeds)}"
     )
     return env_factories, ray_init
+
+
+def _gait_prior_fade(env: Any, fade_steps: int) -> Callable[[int], dict[str, float]] | None:
+    """The runner's hook that fades ``env``'s gait prior linearly to nothing over ``fade_steps`` env steps
+    (``None`` without a fade); the share left is logged as ``curriculum/gait_prior_scale``."""
+    if fade_steps == 0:
+        return None
+
+    def fade(env_steps: int) -> dict[str, float]:
+        env.gait_prior_scale = max(0.0, 1.0 - env_steps / fade_steps)
+        return {"curriculum/gait_prior_scale": env.gait_prior_scale}
+
+    return fade
 
 
 def _close(trainer: Trainer) -> None:

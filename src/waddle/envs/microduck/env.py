@@ -27,7 +27,8 @@ entries is reported. In both modes a servo target stops at its joint's range,
 as the servos do (and as TorchRL's ``MicroDuckEnv`` does). With ``action_mode="robot"`` the env applies the
 MicroDuck daemon's law instead: ``ctrl = DEFAULT_JOINT_POS + action_scale *
 action`` around upstream's HOME pose (:mod:`~waddle.envs.microduck.robot`),
-no gait prior and no clipping of the action; episodes
+the gait prior only where the tasks have one (a training device, faded by
+``gait_prior_scale``) and no clipping of the action; episodes
 start in the HOME pose, and joint errors are measured from it.
 
 Each env's command is a twist: the planar ``"command"`` ``(vx, vy)`` and
@@ -123,7 +124,10 @@ class MicroDuckEnv(MujocoEnv):
         action_mode: ``"residual"`` (the default: a clipped offset around the
             STAND pose plus the task's gait prior) or ``"robot"`` (the MicroDuck
             daemon's ``DEFAULT_JOINT_POS + action_scale * action``, unclipped;
-            a library with a gait prior is refused).
+            a gait prior, if the tasks have one, is added as in residual mode).
+        gait_prior_scale: the share of the tasks' gait prior the env adds, >= 0
+            (a curriculum fades it: ``waddle train --gait-prior-fade-steps``);
+            settable later as the attribute of the same name.
         diagnostics: add every weighted reward term (``diagnostic_reward_<term>``,
             summing to the reward) and pose diagnostics to the observations.
         root: directory of downloaded microduck_rl checkouts.
@@ -233,6 +237,7 @@ class MicroDuckEnv(MujocoEnv):
         tasks: MicroDuckTask | Sequence[MicroDuckTask] | None = None,
         action_scale: float = 0.35,
         action_mode: str = "residual",
+        gait_prior_scale: float = 1.0,
         diagnostics: bool = False,
         root: str | Path | None = None,
         download: bool | str = False,
@@ -255,6 +260,11 @@ class MicroDuckEnv(MujocoEnv):
         if action_mode not in self.ACTION_MODES:
             raise ValueError(f"action_mode must be one of {self.ACTION_MODES}, got {action_mode!r}.")
         self.action_mode = action_mode
+        if isinstance(gait_prior_scale, bool) or not isinstance(gait_prior_scale, (int, float)):
+            raise ValueError(f"gait_prior_scale must be a number >= 0, got {gait_prior_scale!r}.")
+        if not (math.isfinite(gait_prior_scale) and gait_prior_scale >= 0):
+            raise ValueError(f"gait_prior_scale must be a finite number >= 0, got {gait_prior_scale!r}.")
+        self.gait_prior_scale = float(gait_prior_scale)
         self.sensor_history = sensor_history
         if sensor_history > 1:
             self.MIRRORS = {**MIRRORS, "sensor_observation": MIRRORS["sensor_observation"].tiled(sensor_history)}
@@ -277,7 +287,7 @@ class MicroDuckEnv(MujocoEnv):
         self.max_episode_steps = max_episode_steps
         library = presets.tracking_task() if tasks is None else tasks
         self.tasks = presets.as_task_library(library).to(self.device)
-        self._check_action_mode()
+        self._has_prior = bool(((self.tasks.gait_prior_lift > 0) | (self.tasks.gait_prior_stride_per_mps > 0)).any())
         # Libraries that never turn, share or redraw commands draw nothing for them.
         self._twist = bool(
             (self.tasks.yaw_rate_range != 0).any()
@@ -318,17 +328,6 @@ class MicroDuckEnv(MujocoEnv):
             "cannot simulate. Use backend='mujoco' (CPU) or backend='mjx' with requires_grad=False, or keep "
             "those ranges nominal: joint_offset, imu_tilt, pushes, delays and noise work on every backend."
         )
-
-    def _check_action_mode(self) -> None:
-        if self.action_mode != "robot":
-            return
-        prior = (self.tasks.gait_prior_lift > 0) | (self.tasks.gait_prior_stride_per_mps > 0)
-        if bool(prior.any()):
-            names = [name for name, on in zip(self.tasks.name, prior.tolist()) if on]
-            raise ValueError(
-                f"action_mode='robot' adds nothing to the policy's action, but tasks {names} have a gait prior "
-                "(gait_prior_lift or gait_prior_stride_per_mps > 0); build them without one."
-            )
 
     def _configure_from_model(self) -> None:
         model = self.model
@@ -540,6 +539,11 @@ class MicroDuckEnv(MujocoEnv):
         return self.physics.qpos[:, 2].to(self.dtype)
 
     @property
+    def adds_gait_prior(self) -> bool:
+        """Whether a step adds a gait prior to the policy's action (a task has one and its scale is not 0)."""
+        return self._has_prior and self.gait_prior_scale > 0
+
+    @property
     def standing_height(self) -> float:
         """Trunk height of the STAND keyframe, metres: what hop heights are measured from."""
         return self._standing_height
@@ -581,6 +585,7 @@ class MicroDuckEnv(MujocoEnv):
         """
         task = self._episode_task
         phase, ramp = self._gait_clock()
+        ramp = ramp * self.gait_prior_scale
         direction = torch.where(self._command[:, 0] < 0, -1.0, 1.0).to(self.dtype)
         swing = direction * torch.sin(phase)
         lift = (task["gait_prior_lift"] * ramp).unsqueeze(-1)
@@ -979,6 +984,8 @@ class MicroDuckEnv(MujocoEnv):
         if self.action_mode == "robot":
             clipped = action
             target = self._home_ctrl + self.action_scale * action
+            if self.adds_gait_prior:
+                target = target + self.gait_prior()
         else:
             clipped = action.clamp(-1.0, 1.0)
             target = self._home_ctrl + self.gait_prior() + self.action_scale * clipped
