@@ -32,6 +32,8 @@ BUILT_IN_TERMS = {
     "progress": (2.0, True),
     "air_time": (3.0, True),
     "step_air_time": (0.0, True),
+    "single_support": (0.0, True),
+    "swing_lift": (0.0, True),
     "swing_height": (2.0, True),
     "phase_contact": (3.0, True),
     "double_support": (-1.0, True),

@@ -512,9 +512,35 @@ def step_air_time(features: Features, params: Features) -> torch.Tensor:
     low = params["air_time_min"].unsqueeze(-1)
     high = params["air_time_max"].unsqueeze(-1)
     credit = (torch.clamp(features["touchdown_air_time"], low, high) - low).sum(-1)
+    return credit * _twist_gate(features, params)
+
+
+def _twist_gate(features: Features, params: Features) -> torch.Tensor:
+    """``floor + (1 - floor) * twist_progress`` while the twist asks to move and the trunk is upright, else 0."""
     floor = params["gait_progress_floor"]
-    gate = (floor + (1.0 - floor) * twist_progress(features)) * twist_active(features).to(credit.dtype)
-    return credit * gate * _upright_gate(features)
+    active = twist_active(features).to(floor.dtype)
+    return (floor + (1.0 - floor) * twist_progress(features)) * active * _upright_gate(features)
+
+
+@register_reward("single_support", weight=0.0)
+def single_support(features: Features, params: Features) -> torch.Tensor:
+    """1 with exactly one foot on the floor, while the twist asks to move (scaled as ``step_air_time``).
+
+    The clock-free twin of ``phase_contact``: it pays for a step whichever foot swings, so a policy that
+    sees no clock can earn it."""
+    one = features["contacts"].sum(-1) == 1
+    return one.to(features["upright"].dtype) * _twist_gate(features, params)
+
+
+@register_reward("swing_lift", weight=0.0)
+def swing_lift(features: Features, params: Features) -> torch.Tensor:
+    """Height of the foot in the air over ``swing_target_height`` (capped at one) while the other foot
+    stands, and the twist asks to move (scaled as ``step_air_time``): the clock-free twin of ``swing_height``."""
+    contacts = features["contacts"]
+    one = (contacts.sum(-1) == 1).to(features["upright"].dtype)
+    lift = (features["foot_heights"] / params["swing_target_height"].unsqueeze(-1)).clamp(0.0, 1.0)
+    airborne = (lift * (~contacts).to(lift.dtype)).sum(-1)
+    return airborne * one * _twist_gate(features, params)
 
 
 @register_reward("swing_height", weight=2.0, swing_target_height=0.02)

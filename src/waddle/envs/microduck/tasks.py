@@ -449,12 +449,15 @@ each way (a quarter of the command along it at speed), the yaw rate within 0.3 r
 JOYSTICK_REWARD_WEIGHTS: dict[str, float] = {
     **dict.fromkeys(GAIT_TERMS, 0.0),
     "step_air_time": 3.0,
+    "single_support": 2.0,
+    "swing_lift": 2.0,
     "yaw_rate": 2.0,
     "heading_hold": 1.0,
 }
 """Weights the joystick preset sets over the registered defaults. The clock's terms are off (the robot's
-policy sees no clock); ``step_air_time`` pays for steps whenever the twist asks to move; the yaw rate is
-tracked, and ``heading_hold`` keeps the heading the yaw command integrates to."""
+policy sees no clock); their clock-free twins pay for steps while the twist asks to move, by how much of
+the twist the robot does (``step_air_time``, ``single_support``, ``swing_lift``); the yaw rate is tracked,
+and ``heading_hold`` keeps the heading the yaw command integrates to."""
 
 
 def joystick_task(
