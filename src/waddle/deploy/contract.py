@@ -15,6 +15,7 @@ The control law at step ``k`` (``t = k * dt`` seconds after a reset)::
                            joint velocities, clock(t), previous action)
     action_k      = policy(observation_k)                      # normaliser inside
     ctrl_k        = stand.ctrl + gait_prior(t) + action.scale * clip(action_k, low, high)
+                    # each target stopped at its joint's range, as a servo stops
 
 with ``ctrl`` in actuator order (``joint_names``), held for ``control.dt``.
 """

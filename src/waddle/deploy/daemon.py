@@ -174,12 +174,8 @@ class DaemonLoop:
         self.command = np.zeros(3)
         self.previous_action = np.zeros(spec.num_joints)
         self._last_velocity = np.zeros(spec.num_joints)
-        model = self.robot.model
-        joints = [model.joint(name).id for name in spec.joint_names]
-        limited = model.jnt_limited[joints].astype(bool)
-        # The servos' own limits: a target stops at its joint's range (half a turn either way without one).
-        self.target_low = np.where(limited, model.jnt_range[joints, 0], spec.default_joint_pos - np.pi)
-        self.target_high = np.where(limited, model.jnt_range[joints, 1], spec.default_joint_pos + np.pi)
+        # The servos' own limits: a target stops at its joint's range.
+        self.target_low, self.target_high = self.robot.servo_limits(spec.default_joint_pos)
 
     def reset(
         self,

@@ -13,7 +13,8 @@ never torch nor waddle's envs: every number it needs comes from the sidecar
 * Each control step (``control.dt``, 50 Hz for MicroDuck) it reads the
   sensors, builds the observation field by field as the sidecar lays it out,
   runs the policy, and holds ``ctrl = stand.ctrl + gait_prior + scale *
-  clip(action)`` for the step's physics substeps.
+  clip(action)`` for the step's physics substeps, each target stopped at its
+  joint's range as a servo stops.
 * An episode starts in the STAND pose (joints jittered by the task's reset
   noise), at rest, and ends when the trunk falls (the sidecar's termination
   thresholds) or after ``--max-steps``.
@@ -121,6 +122,16 @@ class MujocoMicroDuck:
                 f"{model.opt.timestep} s physics steps."
             )
         self.substeps = int(round(substeps))
+        limited = model.jnt_limited[joint_ids].astype(bool)
+        ranges = model.jnt_range[joint_ids]
+        self._limited, self._ranges = limited, ranges
+
+    def servo_limits(self, default: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The servo targets the joints can take, joint order: each joint's range, or half a turn either
+        way from ``default`` for a joint without one."""
+        low = np.where(self._limited, self._ranges[:, 0], default - np.pi)
+        high = np.where(self._limited, self._ranges[:, 1], default + np.pi)
+        return low, high
 
     def _check_names(self, model: mujoco.MjModel) -> None:
         hinges = [model.joint(j).name for j in range(model.njnt) if model.jnt_type[j] != mujoco.mjtJoint.mjJNT_FREE]
@@ -242,6 +253,7 @@ class Sim2Sim:
             )
         self.sidecar = sidecar
         self.robot = MujocoMicroDuck(sidecar, scene)
+        self.target_low, self.target_high = self.robot.servo_limits(sidecar.stand_ctrl)
         self.task: TaskRow = sidecar.task(task)
         self.task_id = self.task.task_id
         self.step_count = 0
@@ -317,7 +329,8 @@ class Sim2Sim:
         """The servo targets, actuator order, for ``action`` at this step."""
         sidecar = self.sidecar
         clipped = np.clip(np.asarray(action, dtype=np.float64), sidecar.action_low, sidecar.action_high)
-        return sidecar.stand_ctrl + self.clock.prior(self.step_count) + sidecar.action_scale * clipped
+        target = sidecar.stand_ctrl + self.clock.prior(self.step_count) + sidecar.action_scale * clipped
+        return np.clip(target, self.target_low, self.target_high)  # a servo stops at its joint's range
 
     def step(self, action: np.ndarray) -> np.ndarray:
         """Hold the targets of ``action`` for one control period; return the next observation."""
