@@ -204,11 +204,14 @@ class BraxWrapper(_EnvWrapper, metaclass=_BraxMeta):
 
     Examples:
         >>> import brax.envs
-        >>> env = BraxWrapper(brax.envs.get_environment("reacher"), batch_size=[4])
-        >>> env.set_seed(0)
+        >>> # options that compile in seconds on a CPU, for slower steps
+        >>> quick = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+        >>> reacher = brax.envs.get_environment("reacher", backend="positional")
+        >>> env = BraxWrapper(reacher, batch_size=[3], compiler_options=quick)
+        >>> _ = env.set_seed(0)  # returns the seed for a next env
         >>> td = env.rollout(10)
         >>> td["next", "observation"].shape
-        torch.Size([4, 10, 11])
+        torch.Size([3, 10, 11])
     """
 
     git_url = "https://github.com/google/brax"
@@ -503,10 +506,16 @@ class BraxEnv(BraxWrapper):
     total batch is ``(n, *batch_size)``.
 
     Examples:
-        >>> env = BraxEnv("ant", batch_size=[16], requires_grad=True)
-        >>> policy = TensorDictModule(nn.Linear(27, 8), ["observation"], ["action"])
-        >>> td = env.rollout(16, policy)
+        >>> import torch
+        >>> from tensordict.nn import TensorDictModule
+        >>> # options that compile in seconds on a CPU, for slower steps
+        >>> quick = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+        >>> env = BraxEnv("reacher", backend="positional", batch_size=[3], requires_grad=True, compiler_options=quick)
+        >>> policy = TensorDictModule(torch.nn.Linear(11, 2), ["observation"], ["action"])
+        >>> td = env.rollout(4, policy)
         >>> td["next", "reward"].mean().backward()  # gradients reach the policy
+        >>> bool(policy.module.weight.grad.abs().sum() > 0)
+        True
     """
 
     _WRAPPER_KEYS = (
