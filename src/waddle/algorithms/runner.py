@@ -294,9 +294,13 @@ class Runner:
             ``env_steps`` (the caller closes it).
 
     Example:
-        >>> runner = Runner(trainer, "runs/x", algo="ppo", config=config, total_steps=100_000)  # doctest: +SKIP
-        >>> runner.run().status  # doctest: +SKIP
-        'finished'
+        >>> from waddle.algorithms.ppo import PPO, PPOConfig
+        >>> from waddle.algorithms.presets import make_env
+        >>> trainer = PPO(make_env("standing", num_envs=4, seed=0, num_threads=1), PPOConfig(num_steps=8))
+        >>> runner = Runner(trainer, "runs/x", algo="ppo", config={"task": "standing"}, total_steps=64, progress=False)
+        >>> result = runner.run()  # two iterations of 4 envs x 8 steps
+        >>> result.status, result.env_steps, sorted(path.name for path in runner.out_dir.iterdir())
+        ('finished', 64, ['checkpoint.pt', 'config.json', 'curve.png', 'metrics.csv'])
     """
 
     def __init__(

@@ -197,10 +197,15 @@ class RolloutCollector:
             the loopback (:func:`loopback_ray`).
 
     Example:
-        >>> collector = RolloutCollector(ppo.actor, num_steps=32, env=env)  # doctest: +SKIP
-        >>> batch = collector.next_batch()  # (num_envs, 32)  # doctest: +SKIP
-        >>> collector.update_weights(ppo.actor)  # doctest: +SKIP
-        >>> collector.shutdown()  # doctest: +SKIP
+        >>> from waddle.algorithms.ppo import PPO, PPOConfig
+        >>> from waddle.algorithms.presets import make_env
+        >>> env = make_env("standing", num_envs=4, seed=0, num_threads=1)
+        >>> ppo = PPO(env, PPOConfig(num_steps=8))
+        >>> collector = RolloutCollector(ppo.actor, num_steps=8, env=env)
+        >>> collector.next_batch().batch_size  # (num_envs, num_steps)
+        torch.Size([4, 8])
+        >>> collector.update_weights(ppo.actor)  # after an update; in process the module is shared
+        >>> collector.shutdown()
     """
 
     def __init__(
