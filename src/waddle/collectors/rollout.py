@@ -5,8 +5,8 @@ the current policy, then hands the collector the new weights. TorchRL's
 ``Collector`` already does that in three ways, and :class:`RolloutCollector`
 only picks one and keeps PPO's batch layout:
 
-* **direct**: the env lives in this process and the collector steps it, as
-  PPO's own loop did (``Collector(env, actor)``);
+* **direct**: the env lives in this process and the collector steps it
+  (``Collector(env, actor)``);
 * **process**: ``N`` collector processes, each building its own env from a
   picklable factory (``num_envs / N`` envs, its own seed and its own share of
   the cores). ``sync=True``: every batch is collected by the policy of the
@@ -233,7 +233,7 @@ class RolloutCollector:
             self.num_collectors = 1
             self.num_envs = env.batch_size[0]
             # Building runs the policy once on a placeholder step (to learn what it writes); the fork
-            # keeps that draw out of the global random stream, so a run samples as it did before.
+            # keeps that draw out of the global random stream, so building a collector changes no sample.
             with torch.random.fork_rng(devices=[]):
                 self._collector: BaseCollector = Collector(
                     env,
