@@ -92,9 +92,9 @@ class TrainConfig:
     total_steps: int = 1_500_000
     """Env steps to train for, counted over all envs and across resumes.
 
-    The default is about 13 minutes of PPO on 2 idle CPU cores (~2,000 env
-    steps/s); PPO's standing policy holds 500-step episodes after ~262k steps.
-    ``waddle train`` gives the walking tasks 6M when the flag is left out
+    What the default takes, and when the standing policy holds its episodes,
+    is in docs/throughput.md ("The default budget"). ``waddle train`` gives
+    the walking tasks 6M when the flag is left out
     (``presets.TASK_TOTAL_STEPS``), and ``--algo shac`` 25,600 on any task
     (``presets.ALGORITHM_RUN_DEFAULTS``).
     """
