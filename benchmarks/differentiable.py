@@ -33,7 +33,7 @@ Usage::
     python benchmarks/differentiable.py --sizes 16 128 --horizon 16 --iters 5
 
 Adding a section: write ``def bench_<name>(args) -> list[dict]`` that prints
-its own table (use :func:`print_table`) and returns rows, and register it in
+its own table (``harness.print_table``) and returns rows, and register it in
 ``SECTIONS``; ``main()`` runs the sections named by ``--sections`` in order.
 """
 
@@ -45,42 +45,13 @@ import gc
 import json
 import math
 import os
-import time
 from collections.abc import Callable, Sequence
 
 import torch
+from harness import load_line, median, print_table, rss_mib, time_interleaved, timed
 from torch import nn
 
 # --------------------------------------------------------------------- helpers
-
-
-def rss_mb() -> float:
-    """Resident set size of this process, in MiB (Linux /proc, else ru_maxrss)."""
-    try:
-        with open("/proc/self/statm") as fh:
-            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-    except OSError:  # pragma: no cover - non-Linux
-        import resource
-
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def print_table(title: str, rows: Sequence[dict], columns: Sequence[str]) -> None:
-    print(f"\n== {title} ==")
-    cells = [[_fmt(r.get(c, "")) for c in columns] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) if cells else len(c) for i, c in enumerate(columns)]
-    print("  ".join(c.ljust(w) for c, w in zip(columns, widths)))
-    print("  ".join("-" * w for w in widths))
-    for row in cells:
-        print("  ".join(v.ljust(w) for v, w in zip(row, widths)))
-
-
-def _fmt(v) -> str:
-    if isinstance(v, float):
-        if math.isnan(v):
-            return "n/a"
-        return f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}"
-    return str(v)
 
 
 def make_policy(obs_dim: int, act_dim: int, seed: int = 0) -> nn.Module:
@@ -114,39 +85,6 @@ def rollout_loss(env, policy, horizon: int, seed: int = 0) -> torch.Tensor:
         loss = loss - td["next", "reward"].mean()
         td = step_mdp(td)
     return loss
-
-
-def time_iterations(fn: Callable[[], object], iters: int) -> tuple[float, float, list[float]]:
-    """Runs ``fn`` once (compile) then ``iters`` times; returns (first s, median s, all)."""
-    first, (times,) = time_interleaved([fn], iters)
-    return first[0], _median(times), times
-
-
-def time_interleaved(fns: Sequence[Callable[[], object]], iters: int) -> tuple[list[float], list[list[float]]]:
-    """Runs each of ``fns`` once (compile), then ``iters`` rounds of all of them.
-
-    Alternating the contenders round by round means that a change in machine
-    load (other processes on a shared machine) hits all of them alike.
-    Returns the first-call times and the per-round times of each.
-    """
-    first = []
-    for fn in fns:
-        start = time.perf_counter()
-        fn()
-        first.append(time.perf_counter() - start)
-    times: list[list[float]] = [[] for _ in fns]
-    for _ in range(iters):
-        for fn, out in zip(fns, times):
-            start = time.perf_counter()
-            fn()
-            out.append(time.perf_counter() - start)
-    return first, times
-
-
-def _median(xs: Sequence[float]) -> float:
-    xs = sorted(xs)
-    mid = len(xs) // 2
-    return xs[mid] if len(xs) % 2 else 0.5 * (xs[mid - 1] + xs[mid])
 
 
 def _fb_step(env, policy, horizon: int):
@@ -212,7 +150,7 @@ def bench_torchrl(args) -> list[dict]:
             error = f"{type(err).__name__}: {err}"
             contenders = contenders[:1]
             first, times = time_interleaved([_fb_step(env, pol_w, args.horizon)], args.iters)
-        meds = [_median(t) for t in times]
+        meds = [median(t) for t in times]
         w_rate = n * args.horizon / meds[0]
         _RESULTS[f"waddle_{n}"] = {"median_s": meds[0], "rate": w_rate, "times": times[0]}
         for (name, e, p), f, med, ts in zip(contenders, first, meds, times):
@@ -336,11 +274,11 @@ def bench_overhead(args) -> list[dict]:
         first, (t_jax, t_w, t_p) = time_interleaved([run_jax, run_w, run_programs], args.iters)
         loss_j = run_jax()
         loss_w = float(rollout_loss(env, pol, horizon).detach())
-        med, w_med, p_med = _median(t_jax), _median(t_w), _median(t_p)
+        med, w_med, p_med = median(t_jax), median(t_w), median(t_p)
         ratio = w_med / med
         # per-round ratios: robust to load changes between rounds
-        round_ratio = _median([w / j for w, j in zip(t_w, t_jax)])
-        bridge = _median([w / p for w, p in zip(t_w, t_p)])
+        round_ratio = median([w / j for w, j in zip(t_w, t_jax)])
+        bridge = median([w / p for w, p in zip(t_w, t_p)])
         _RESULTS[f"jax_{n}"] = {
             "median_s": med,
             "overhead": ratio - 1,
@@ -389,23 +327,22 @@ def _memory_run(env, policy, horizon: int, steps: int) -> dict:
     for _ in range(2):  # warm-up: compilation, allocator pools
         run()
     gc.collect()
-    before = rss_mb()
+    before = rss_mib()
     iters = math.ceil(steps / horizon)
     peak = before
-    start = time.perf_counter()
-    for _ in range(iters):
-        run()
-        peak = max(peak, rss_mb())
-    elapsed = time.perf_counter() - start
+    with timed() as timing:
+        for _ in range(iters):
+            run()
+            peak = max(peak, rss_mib())
     gc.collect()
-    after = rss_mb()
+    after = rss_mib()
     return {
         "steps": iters * horizon,
-        "rss_before_mb": before,
-        "rss_after_mb": after,
-        "growth_mb": after - before,
-        "peak_minus_before_mb": peak - before,
-        "seconds": elapsed,
+        "rss_before_mib": before,
+        "rss_after_mib": after,
+        "growth_mib": after - before,
+        "peak_minus_before_mib": peak - before,
+        "seconds": timing.wall_s,
     }
 
 
@@ -444,10 +381,10 @@ def bench_memory(args) -> list[dict]:
             "impl",
             "envs",
             "steps",
-            "rss_before_mb",
-            "rss_after_mb",
-            "growth_mb",
-            "peak_minus_before_mb",
+            "rss_before_mib",
+            "rss_after_mib",
+            "growth_mib",
+            "peak_minus_before_mib",
             "seconds",
             "error",
         ],
@@ -455,7 +392,7 @@ def bench_memory(args) -> list[dict]:
     return rows
 
 
-def _graph_mb(env, policy, horizon: int) -> float:
+def _graph_mib(env, policy, horizon: int) -> float:
     """MiB saved for backward by the autograd graph of one rollout (all nodes,
     policy included), counted exactly with torch's saved-tensor hooks."""
     seen: dict[int, int] = {}
@@ -485,7 +422,7 @@ def bench_modes(args) -> list[dict]:
         pols = [_td_policy(copy.deepcopy(base)) for _ in modes]
         first, times = time_interleaved([_fb_step(e, p, args.horizon) for e, p in zip(envs, pols)], args.iters)
         for mode, env, pol, f, ts in zip(modes, envs, pols, first, times):
-            med = _median(ts)
+            med = median(ts)
             rows.append(
                 {
                     "mode": mode,
@@ -494,7 +431,7 @@ def bench_modes(args) -> list[dict]:
                     "iter_s": med,
                     "min_iter_s": min(ts),
                     "env_steps/s": n * args.horizon / med,
-                    "graph_mb_per_step": _graph_mb(env, pol, args.horizon) / args.horizon,
+                    "graph_mib_per_step": _graph_mib(env, pol, args.horizon) / args.horizon,
                 }
             )
             _RESULTS[f"mode_{mode}_{n}"] = rows[-1]
@@ -503,7 +440,7 @@ def bench_modes(args) -> list[dict]:
     print_table(
         f"VJP strategy ({args.task}, horizon {args.horizon})",
         rows,
-        ["mode", "envs", "first_iter_s", "iter_s", "min_iter_s", "env_steps/s", "graph_mb_per_step"],
+        ["mode", "envs", "first_iter_s", "iter_s", "min_iter_s", "env_steps/s", "graph_mib_per_step"],
     )
     return rows
 
@@ -550,9 +487,9 @@ def summary(args) -> None:
     if m:
         rows.append(
             {
-                "target": f"RSS growth < 50 MB over {m['steps']} steps",
-                "value": f"{m['growth_mb']:.1f} MB",
-                "ok": m["growth_mb"] < 50,
+                "target": f"RSS growth < 50 MiB over {m['steps']} steps",
+                "value": f"{m['growth_mib']:.1f} MiB",
+                "ok": m["growth_mib"] < 50,
             }
         )
     if rows:
@@ -616,17 +553,17 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     print(
         f"torch {torch.__version__}, torchrl {torchrl.__version__}, jax {jax.__version__}, brax {brax.__version__}; "
-        f"{os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}, JAX devices {jax.devices()}"
+        f"torch threads {torch.get_num_threads()}, JAX devices {jax.devices()}; {load_line('at the start')}"
     )
     print(f"args: {vars(args)}")
-    start = time.perf_counter()
     results = {}
-    for name in args.sections:
-        t0 = time.perf_counter()
-        results[name] = SECTIONS[name](args)
-        print(f"[{name}: {time.perf_counter() - t0:.0f} s]", flush=True)
-    summary(args)
-    print(f"\ntotal {time.perf_counter() - start:.0f} s")
+    with timed() as total:
+        for name in args.sections:
+            with timed() as section:
+                results[name] = SECTIONS[name](args)
+            print(f"[{name}: {section.wall_s:.0f} s]", flush=True)
+        summary(args)
+    print(f"\ntotal {total.wall_s:.0f} s; {load_line('at the end')}")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"args": vars(args), "sections": results, "results": _RESULTS}, fh, indent=1, default=str)

@@ -31,11 +31,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 import traceback
 
 import mujoco
 import torch
+from harness import Column, Table, load_line, timed
 
 from waddle.envs.microduck.constants import (
     EMBEDDED_SCENE,
@@ -45,6 +45,19 @@ from waddle.envs.microduck.constants import (
     STAND_KEYFRAME,
 )
 from waddle.physics import BACKENDS, differentiable_backends, make_backend
+
+RESULTS_TABLE = Table(
+    [
+        Column("backend", width=13, left=True),
+        Column("mode", width=17, left=True),
+        Column("env-steps/s", ".1f", 12),
+        Column("substeps/s", ".1f", 14),
+        Column("build s", ".1f"),
+        Column("first call s", ".1f"),
+        Column("finite grads", left=True),
+    ]
+)
+"""A backend's rate in a mode, and the seconds it took to build and to make its first call (compilation)."""
 
 
 def parse_args(argv=None):
@@ -115,35 +128,31 @@ def actions(ctrl, sim, gen):
 def bench_forward(name, args):
     device = torch.device(args.device)
     gen = torch.Generator().manual_seed(0)
-    t0 = time.perf_counter()
-    sim = build(name, args)
-    qpos, qvel, ctrl = stand_state(sim, gen)
-    sim.reset(qpos, qvel)
-    build_s = time.perf_counter() - t0
+    with timed() as building:
+        sim = build(name, args)
+        qpos, qvel, ctrl = stand_state(sim, gen)
+        sim.reset(qpos, qvel)
 
-    t0 = time.perf_counter()
-    sim.step(actions(ctrl, sim, gen))
-    sim.qpos.sum().item()
-    first_s = time.perf_counter() - t0
+    with timed() as first_call:
+        sim.step(actions(ctrl, sim, gen))
+        sim.qpos.sum().item()
     for _ in range(max(args.warmup - 1, 0)):
         sim.step(actions(ctrl, sim, gen))
     sim.qpos.sum().item()
 
     acts = [actions(ctrl, sim, gen) for _ in range(args.steps)]
     sync(device)
-    t0 = time.perf_counter()
-    checksum = 0.0
-    for a in acts:
-        sim.step(a)
-        obs = (sim.qpos, sim.site_positions(), sim.contacts())
-    checksum = float(obs[0].sum()) + float(obs[1].sum()) + float(obs[2].sum())
-    sync(device)
-    elapsed = time.perf_counter() - t0
+    with timed() as timing:
+        for a in acts:
+            sim.step(a)
+            obs = (sim.qpos, sim.site_positions(), sim.contacts())
+        checksum = float(obs[0].sum()) + float(obs[1].sum()) + float(obs[2].sum())
+        sync(device)
     sim.close()
     return {
-        "build_s": build_s,
-        "first_step_s": first_s,
-        "env_steps_per_s": args.num_envs * args.steps / elapsed,
+        "build_s": building.wall_s,
+        "first_step_s": first_call.wall_s,
+        "env_steps_per_s": args.num_envs * args.steps / timing.wall_s,
         "checksum": checksum,
     }
 
@@ -151,10 +160,9 @@ def bench_forward(name, args):
 def bench_backward(name, args, batch_chunks="auto"):
     device = torch.device(args.device)
     gen = torch.Generator().manual_seed(0)
-    t0 = time.perf_counter()
-    sim = build(name, args, requires_grad=True, batch_chunks=batch_chunks)
-    qpos, qvel, ctrl = stand_state(sim, gen)
-    build_s = time.perf_counter() - t0
+    with timed() as building:
+        sim = build(name, args, requires_grad=True, batch_chunks=batch_chunks)
+        qpos, qvel, ctrl = stand_state(sim, gen)
 
     def window():
         sim.reset(qpos, qvel)
@@ -168,24 +176,22 @@ def bench_backward(name, args, batch_chunks="auto"):
         sim.detach()
         return acts.grad
 
-    t0 = time.perf_counter()
-    grad = window()
-    grad.sum().item()
-    first_s = time.perf_counter() - t0
+    with timed() as first_call:
+        grad = window()
+        grad.sum().item()
 
     sync(device)
-    t0 = time.perf_counter()
     finite = True
-    for _ in range(args.windows):
-        grad = window()
-        finite = finite and bool(torch.isfinite(grad).all())
-    sync(device)
-    elapsed = time.perf_counter() - t0
+    with timed() as timing:
+        for _ in range(args.windows):
+            grad = window()
+            finite = finite and bool(torch.isfinite(grad).all())
+        sync(device)
     sim.close()
     return {
-        "build_s": build_s,
-        "first_step_s": first_s,
-        "env_steps_per_s": args.num_envs * args.horizon * args.windows / elapsed,
+        "build_s": building.wall_s,
+        "first_step_s": first_call.wall_s,
+        "env_steps_per_s": args.num_envs * args.horizon * args.windows / timing.wall_s,
         "finite_grads": finite,
     }
 
@@ -198,9 +204,10 @@ def main(argv=None) -> int:
             raise SystemExit(f"unknown backend {n!r}; choose from {sorted(BACKENDS)}")
     print(
         f"MicroDuck, {args.num_envs} envs, frame_skip {args.frame_skip}, {args.dtype}, "
-        f"device {args.device}, torch {torch.__version__}",
+        f"device {args.device}, torch {torch.__version__}; {load_line()}",
         flush=True,
     )
+    RESULTS_TABLE.print_header()
     rows = []
     for name in names:
         modes = [("forward", None)]
@@ -220,13 +227,12 @@ def main(argv=None) -> int:
                 rows.append((name, mode, None))
                 continue
             rate = res["env_steps_per_s"]
-            extra = f"  finite grads: {res['finite_grads']}" if "finite_grads" in res else ""
-            print(
-                f"{name:13s} {mode:17s} {rate:12.1f} env-steps/s {rate * args.frame_skip:14.1f} "
-                f"substeps/s   build {res['build_s']:6.1f}s  first call {res['first_step_s']:6.1f}s{extra}",
-                flush=True,
+            finite = res.get("finite_grads", "")
+            RESULTS_TABLE.print_row(
+                name, mode, rate, rate * args.frame_skip, res["build_s"], res["first_step_s"], finite
             )
             rows.append((name, mode, rate))
+    print(load_line("at the end"))
     return 0 if all(r[2] is not None for r in rows) else 1
 
 

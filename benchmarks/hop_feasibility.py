@@ -31,12 +31,11 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import os
-import time
 from dataclasses import dataclass
 
 import mujoco
 import numpy as np
+from harness import Column, Table, load_line, timed
 
 from waddle.envs.microduck.assets import load_model
 from waddle.envs.microduck.constants import EMBEDDED_SCENE, LEFT_LEG, RIGHT_LEG, ROOT_BODY, STAND_KEYFRAME
@@ -133,18 +132,25 @@ def main() -> None:
     robot = HeldMicroDuck()
     rng = np.random.default_rng(args.seed)
     print(f"open-loop hops of the held MicroDuck, {args.samples} patterns per scale, seed {args.seed}")
-    print(f"{'scale':>5} {'rise cm':>7} {'airborne ms':>11}  best pattern (hip, knee, ankle)")
+    table = Table(
+        [
+            Column("scale", ".2f"),
+            Column("rise cm", ".2f"),
+            Column("airborne ms", ".0f"),
+            Column("best pattern (hip, knee, ankle)", left=True),
+        ]
+    )
+    table.print_header()
     for scale in args.scales:
-        start = time.perf_counter()
-        best = search(robot, scale, args.samples, rng)
-        print(
-            f"{scale:>5.2f} {100 * best.rise_m:>7.2f} {1000 * best.airborne_s:>11.0f}  crouch "
-            f"{np.round(best.crouch, 2)} {best.crouch_s:.2f} s, extend {np.round(best.extend, 2)} {best.extend_s:.2f} s, "
-            f"{best.cycles} cycle(s) ({time.perf_counter() - start:.0f} s)",
-            flush=True,
+        with timed() as timing:
+            best = search(robot, scale, args.samples, rng)
+        pattern = (
+            f"crouch {np.round(best.crouch, 2)} {best.crouch_s:.2f} s, extend {np.round(best.extend, 2)} "
+            f"{best.extend_s:.2f} s, {best.cycles} cycle(s) ({timing.wall_s:.0f} s)"
         )
+        table.print_row(scale, 100 * best.rise_m, 1000 * best.airborne_s, pattern)
     print("target of the jump task: rise >= 2 cm, airborne >= 15 % of the time (75 ms per hop at 2 Hz)")
-    print(f"load average: {', '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    print(load_line())
 
 
 if __name__ == "__main__":

@@ -50,11 +50,11 @@ import argparse
 import json
 import math
 import os
-import resource
 import time
 from dataclasses import asdict, dataclass, field
 
 import torch
+from harness import Column, Table, cores, load_line, peak_rss_mib, timed
 
 from waddle.algorithms.checkpoint import save_checkpoint
 from waddle.algorithms.evaluation import EvaluationResult, evaluate, task_commands
@@ -63,7 +63,7 @@ from waddle.algorithms.presets import ALGORITHMS, make_env
 from waddle.algorithms.run_plan import Machine, RunPlan, SourceCheckpoint, resolve_run
 from waddle.algorithms.runner import TrainConfig
 
-MACHINE = Machine(cores=len(os.sched_getaffinity(0)))
+MACHINE = Machine(cores=cores())
 """The machine ``waddle train``'s plan derives PPO's update threads from."""
 
 STANDING_LENGTH = 450
@@ -84,7 +84,17 @@ class Outcome:
     note: str = ""
 
 
-HEADER = f"{'part':<10} {'reached':<8} {'minutes':>8} {'env steps':>12} {'eval min':>9}  details"
+OUTCOME_TABLE = Table(
+    [
+        Column("part", width=10, left=True),
+        Column("reached", width=8, left=True),
+        Column("minutes", ".1f", 8),
+        Column("env steps", ",", 12),
+        Column("eval min", ".1f", 9),
+        Column("details", left=True),
+    ]
+)
+"""One row per measurement: whether and when its behaviour was reached."""
 
 
 def format_outcome(o: Outcome) -> str:
@@ -95,8 +105,7 @@ def format_outcome(o: Outcome) -> str:
         if e
         else ""
     )
-    figures = f"{o.part:<10} {str(o.reached):<8} {o.minutes:>8.1f} {o.env_steps:>12,} {o.eval_minutes:>9.1f}"
-    return f"{figures}  {details} {o.note}"
+    return OUTCOME_TABLE.row(o.part, str(o.reached), o.minutes, o.env_steps, o.eval_minutes, f"{details} {o.note}")
 
 
 def standing_holds(result: EvaluationResult) -> bool:
@@ -122,9 +131,9 @@ def train_until(
     last_log = time.monotonic()
     evaluation = None
     while train_s < 60.0 * minutes_limit and (steps_limit is None or iteration * steps_per_iteration < steps_limit):
-        start = time.perf_counter()
-        metrics = trainer.train_iteration()
-        train_s += time.perf_counter() - start
+        with timed() as timing:
+            metrics = trainer.train_iteration()
+        train_s += timing.wall_s
         iteration += 1
         env_steps = iteration * steps_per_iteration
         if time.monotonic() - last_log >= log_every_s:
@@ -132,9 +141,9 @@ def train_until(
             shown = {k.split("/")[-1]: round(v, 3) for k, v in metrics.items() if k.startswith("charts/episode")}
             print(f"  [{part}] {train_s / 60:5.1f} min  {env_steps:>10,} steps  {shown}", flush=True)
         if may_hold(metrics) or iteration % eval_every == 0:
-            start = time.perf_counter()
-            evaluation = evaluate(eval_env, trainer.deterministic_policy())
-            eval_s += time.perf_counter() - start
+            with timed() as timing:
+                evaluation = evaluate(eval_env, trainer.deterministic_policy())
+            eval_s += timing.wall_s
             print(
                 f"  [{part}] evaluation at {env_steps:,} steps: length {evaluation.mean_episode_length:.0f}, "
                 f"forward speed {evaluation.mean_forward_speed:.3f} m/s, return {evaluation.mean_return:.2f}",
@@ -213,25 +222,50 @@ class CommandOutcome:
     final: dict = field(default_factory=dict)
 
 
-WALK_HEADER = (
-    f"{'part':<12} {'seed':>4} {'cmd':>5} {'reached':>7} {'minutes':>7} {'env steps':>10} | {'survival':>8} "
-    f"{'forward':>7} {'|err|':>6} {'lateral':>7} {'yaw':>5} {'p95':>5} {'clear cm':>8} {'steps/s':>7} "
-    f"{'bound %':>7} {'act chg':>7}"
+WALK_TABLE = Table(
+    [
+        Column("part", width=12, left=True),
+        Column("seed", width=4),
+        Column("cmd", ".2f", 5),
+        Column("reached"),
+        Column("minutes", ".1f"),
+        Column("env steps", ",", 10),
+        Column("|"),
+        Column("survival", ".1f"),
+        Column("forward", ".3f"),
+        Column("|err|", ".3f", 6),
+        Column("lateral", ".3f"),
+        Column("yaw", ".1f", 5),
+        Column("p95", ".1f", 5),
+        Column("clear cm", ".2f"),
+        Column("steps/s", ".2f"),
+        Column("bound %", ".1f"),
+        Column("act chg", ".3f"),
+    ]
 )
+"""One row per walking run and command: when it first held the command, then its final figures."""
 
 
 def format_command_outcome(o: CommandOutcome) -> str:
     f = o.final
-    reached = f"{'yes':>7} {o.minutes:>7.1f} {o.env_steps:>10,}" if o.reached else f"{'no':>7} {'':>7} {'':>10}"
+    reached = ("yes", o.minutes, o.env_steps) if o.reached else ("no", "", "")
     figures = (
-        f"{100 * (1 - f['fall_rate']):>8.1f} {f['mean_forward_speed']:>7.3f} "
-        f"{abs(f['mean_forward_speed'] - o.command):>6.3f} {f['mean_lateral_speed']:>7.3f} "
-        f"{f['yaw_drift_deg']:>5.1f} {f['yaw_drift_p95_deg']:>5.1f} {100 * f['foot_clearance']:>8.2f} "
-        f"{f['step_frequency_hz']:>7.2f} {100 * f['action_saturation']:>7.1f} {f['action_change']:>7.3f}"
+        (
+            100 * (1 - f["fall_rate"]),
+            f["mean_forward_speed"],
+            abs(f["mean_forward_speed"] - o.command),
+            f["mean_lateral_speed"],
+            f["yaw_drift_deg"],
+            f["yaw_drift_p95_deg"],
+            100 * f["foot_clearance"],
+            f["step_frequency_hz"],
+            100 * f["action_saturation"],
+            f["action_change"],
+        )
         if f
-        else "(no final evaluation)"
+        else (None,) * 10  # no final evaluation
     )
-    return f"{o.part:<12} {o.seed:>4} {o.command:>5.2f} {reached} | {figures}"
+    return WALK_TABLE.row(o.part, o.seed, o.command, *reached, "|", *figures)
 
 
 def save_run(directory: str, plan: RunPlan, trainer: PPO, env_steps: int, iteration: int, train_s: float) -> str:
@@ -269,9 +303,9 @@ def walk_part(part: str, seed: int, args: argparse.Namespace) -> list[CommandOut
     first: dict[float, tuple[float, int]] = {}
     train_s, iteration, env_steps = 0.0, 0, 0
     while env_steps < plan.run.total_steps and train_s < 60.0 * args.walking_minutes:
-        start = time.perf_counter()
-        trainer.train_iteration()
-        train_s += time.perf_counter() - start
+        with timed() as timing:
+            trainer.train_iteration()
+        train_s += timing.wall_s
         iteration += 1
         env_steps = iteration * trainer.steps_per_iteration
         if iteration % args.eval_every == 0:
@@ -305,8 +339,8 @@ class ShacCost:
     """Wall-clock seconds of the first window: JAX compiles the differentiable step then."""
     window_s: float
     """Median wall-clock seconds of the later windows."""
-    peak_rss_gb: float
-    """Peak resident memory of this process, GB (the PPO part before it included)."""
+    peak_rss_mib: float
+    """Peak resident memory of this process, MiB (the PPO part before it included)."""
 
 
 def shac_part(args: argparse.Namespace, target_return: float) -> tuple[Outcome, ShacCost | None]:
@@ -330,9 +364,9 @@ def shac_part(args: argparse.Namespace, target_return: float) -> tuple[Outcome, 
     train_iteration = trainer.train_iteration
 
     def timed_iteration() -> dict[str, float]:
-        start = time.perf_counter()
-        metrics = train_iteration()
-        window_times.append(time.perf_counter() - start)
+        with timed() as timing:
+            metrics = train_iteration()
+        window_times.append(timing.wall_s)
         return metrics
 
     trainer.train_iteration = timed_iteration
@@ -351,7 +385,7 @@ def shac_part(args: argparse.Namespace, target_return: float) -> tuple[Outcome, 
     cost = ShacCost(
         first_window_s=window_times[0] if window_times else math.nan,
         window_s=later[len(later) // 2],
-        peak_rss_gb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6,
+        peak_rss_mib=peak_rss_mib(),
     )
     return outcome, cost
 
@@ -373,7 +407,7 @@ def print_shac_comparison(shac: Outcome, cost: ShacCost | None, ppo_steps: int, 
     if cost is not None:
         print(
             f"  SHAC's first window (compilation) {cost.first_window_s:.0f} s (target < 120), later windows "
-            f"{cost.window_s:.1f} s; peak RSS {cost.peak_rss_gb:.2f} GB (target < 4)"
+            f"{cost.window_s:.1f} s; peak RSS {cost.peak_rss_mib:,.0f} MiB (target < 4 GB: 3,815 MiB)"
         )
 
 
@@ -452,9 +486,9 @@ def jump_part(args: argparse.Namespace) -> JumpOutcome:
 
     reached, train_s, iteration, env_steps = None, 0.0, 0, 0
     while env_steps < plan.run.total_steps and train_s < 60.0 * args.jump_minutes:
-        start = time.perf_counter()
-        trainer.train_iteration()
-        train_s += time.perf_counter() - start
+        with timed() as timing:
+            trainer.train_iteration()
+        train_s += timing.wall_s
         iteration += 1
         env_steps = iteration * trainer.steps_per_iteration
         if iteration % args.eval_every == 0:
@@ -494,17 +528,25 @@ def print_jump(o: JumpOutcome) -> None:
         f"trained {o.train_minutes:.1f} min, {o.train_env_steps:,} env steps (load average {o.load_average:.1f}); "
         "1000-step episodes at the end:"
     )
-    print(f"{'task':<16} {'survival':>8} {'return':>8} {'forward':>8} {'hop cm':>7} {'airborne':>8} {'hops/s':>7}")
+    table = Table(
+        [
+            Column("task", width=16, left=True),
+            Column("survival", ".1f"),
+            Column("return", ".2f", 8),
+            Column("forward", ".3f", 8),
+            Column("hop cm", ".2f"),
+            Column("airborne", ".1f"),
+            Column("hops/s", ".2f", 7),
+        ]
+    )
+    table.print_header()
     for f in o.final:
         hops = (
-            f"{100 * f['hop_height']:>7.2f} {100 * f['airborne_fraction']:>8.1f} {f['hop_frequency_hz']:>7.2f}"
+            (100 * f["hop_height"], 100 * f["airborne_fraction"], f["hop_frequency_hz"])
             if f["hop_task"]
-            else f"{'-':>7} {'-':>8} {'-':>7}"
+            else (None, None, None)
         )
-        print(
-            f"{f['task']:<16} {100 * (1 - f['fall_rate']):>8.1f} {f['mean_return']:>8.2f} "
-            f"{f['mean_forward_speed']:>8.3f} {hops}"
-        )
+        table.print_row(f["task"], 100 * (1 - f["fall_rate"]), f["mean_return"], f["mean_forward_speed"], *hops)
 
 
 def main() -> None:
@@ -562,10 +604,7 @@ def main() -> None:
         parser.error(f"--jump-max-episode-steps must be a number of steps > 0, got {args.jump_max_episode_steps}")
     torch.set_num_threads(1)  # the physics has its own threads; one torch thread is fastest on 2 busy cores
 
-    cores, load = len(os.sched_getaffinity(0)), os.getloadavg()[0]
-    print(
-        f"waddle learning benchmark: {cores} CPU cores (load average {load:.1f}), torch {torch.__version__}", flush=True
-    )
+    print(f"waddle learning benchmark: torch {torch.__version__}; {load_line()}", flush=True)
     outcomes: list[Outcome] = []
     target = None  # (PPO's standing return, its env steps, its minutes or None): what SHAC has to reach
     if args.ppo_standing is not None:
@@ -590,9 +629,9 @@ def main() -> None:
             note = "PPO standing was not reached: no target return"
             outcomes.append(Outcome("shac", False, 0.0, 0, 0, 0.0, note=note))
 
-    print(f"\nload average at the end: {os.getloadavg()[0]:.1f} (figures scale with how busy the cores were)")
+    print(f"\n{load_line('at the end')} (figures scale with how busy the cores were)")
     if outcomes:
-        print(HEADER)
+        print(OUTCOME_TABLE.header())
         for o in outcomes:
             print(format_outcome(o))
     if shac is not None:
@@ -603,7 +642,7 @@ def main() -> None:
             "within tolerance of 0, >= 98% survival),"
         )
         print("then the figures of 1000-step episodes at the end of the run (speeds, drift: envs that did not fall)")
-        print(WALK_HEADER)
+        print(WALK_TABLE.header())
         for o in walking:
             print(format_command_outcome(o))
     if jump is not None:

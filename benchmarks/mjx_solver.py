@@ -19,7 +19,7 @@ converged solve and its derivative from one Newton step at the solution
   tanh-linear policy, loss = -mean reward, ``backward()``) at each of
   ``--sizes``, against native MuJoCo's forward steps at
   the same sizes; the first window's time (compilation included) and the
-  process RSS after it.
+  process's peak RSS after it, MiB.
 
 Usage::
 
@@ -31,13 +31,11 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import os
-import resource
-import time
 
 import mujoco
 import numpy as np
 import torch
+from harness import Column, Table, load_line, peak_rss_mib, timed
 
 from waddle.envs.microduck import MicroDuckEnv
 from waddle.envs.microduck.constants import EMBEDDED_SCENE, STAND_KEYFRAME
@@ -45,6 +43,27 @@ from waddle.physics import make_backend
 
 FAST_COMPILE = {"xla_llvm_disable_expensive_passes": True}
 FRAME_SKIP = 10
+GAP_STEPS = (1, 10, 20)
+"""Control steps after which ``gap`` reports the largest ``|qpos|`` difference."""
+GAP_TABLE = Table(
+    [
+        Column("floor", width=5, left=True),
+        Column("path", width=19, left=True),
+        *(Column(f"vs {name} @{t}", ".1e", 9) for name in ("C", "plain") for t in GAP_STEPS),
+    ]
+)
+"""Each path's largest ``|qpos|`` gap to MuJoCo C and to MJX's plain path, with and without the floor."""
+SPEED_TABLE = Table(
+    [
+        Column("envs", width=4),
+        Column("fwd+bwd steps/s", ".1f"),
+        Column("native fwd steps/s", ".1f"),
+        Column("ratio", ".4f", 6),
+        Column("first window s", ".1f"),
+        Column("peak RSS MiB", ",.0f"),
+    ]
+)
+"""The differentiable MJX env's rate against native MuJoCo's forward rate, its compilation and its memory."""
 
 
 def _model(floor: bool) -> mujoco.MjSpec:
@@ -97,11 +116,11 @@ def _mjx_trajectory(spec, qpos, controls, **kwargs) -> np.ndarray:
 
 def bench_gap(args) -> list[dict]:
     rows = []
-    checkpoints = (1, 10, 20)
+    GAP_TABLE.print_header()
     for floor in (True, False):
         spec = _model(floor)
         model = spec.compile()
-        qpos, controls = _start_and_controls(model, args.gap_envs, max(checkpoints))
+        qpos, controls = _start_and_controls(model, args.gap_envs, max(GAP_STEPS))
         native = _native_trajectory(model, qpos, controls)
         plain = _mjx_trajectory(spec, qpos, controls)
         runs = [
@@ -112,17 +131,10 @@ def bench_gap(args) -> list[dict]:
             row = {"floor": floor, "path": label}
             for name, reference in (("C", native), ("plain", plain)):
                 gap = np.abs(got - reference).max(axis=(1, 2))
-                row.update({f"vs {name} step {t}": float(gap[t - 1]) for t in checkpoints})
+                row.update({f"vs {name} step {t}": float(gap[t - 1]) for t in GAP_STEPS})
             rows.append(row)
-            print(
-                f"floor={'yes' if floor else 'no ':3}  {label:28s}"
-                + "".join(
-                    f"  vs {name} @{t}: {row[f'vs {name} step {t}']:.1e}"
-                    for name in ("C", "plain")
-                    for t in checkpoints
-                ),
-                flush=True,
-            )
+            gaps = [row[f"vs {name} step {t}"] for name in ("C", "plain") for t in GAP_STEPS]
+            GAP_TABLE.print_row("yes" if floor else "no", label, *gaps)
     return rows
 
 
@@ -152,17 +164,17 @@ def _native_rate(num_envs: int, steps: int, dtype: torch.dtype) -> float:
     td = env.reset()
     action = torch.zeros(num_envs, 14, dtype=dtype)
     env.step(td.set("action", action))
-    start = time.perf_counter()
-    for _ in range(steps):
-        td = env.step(td.set("action", action))["next"]
-    rate = num_envs * steps / (time.perf_counter() - start)
+    with timed() as timing:
+        for _ in range(steps):
+            td = env.step(td.set("action", action))["next"]
     env.close()
-    return rate
+    return num_envs * steps / timing.wall_s
 
 
 def bench_speed(args) -> list[dict]:
     rows = []
     dtype = getattr(torch, args.dtype)
+    SPEED_TABLE.print_header()
     for num_envs in args.sizes:
         native = _native_rate(num_envs, 4 * args.horizon, dtype)
         env = MicroDuckEnv(
@@ -174,30 +186,24 @@ def bench_speed(args) -> list[dict]:
             compiler_options=FAST_COMPILE,
         )
         policy = _policy(env.observation_spec["observation"].shape[-1], 14, dtype)
-        start = time.perf_counter()
-        _window(env, policy, args.horizon)
-        first = time.perf_counter() - start
-        rss_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-        start = time.perf_counter()
-        for _ in range(args.windows):
+        with timed() as first:
             _window(env, policy, args.horizon)
-        rate = num_envs * args.horizon * args.windows / (time.perf_counter() - start)
+        rss_mib = peak_rss_mib()
+        with timed() as timing:
+            for _ in range(args.windows):
+                _window(env, policy, args.horizon)
+        rate = num_envs * args.horizon * args.windows / timing.wall_s
         env.close()
         row = {
             "envs": num_envs,
             "fwd+bwd steps/s": rate,
             "native fwd steps/s": native,
             "ratio": rate / native,
-            "first window s": first,
-            "peak RSS GB": rss_gb,
+            "first window s": first.wall_s,
+            "peak RSS MiB": rss_mib,
         }
         rows.append(row)
-        print(
-            f"{num_envs:4d} envs: fwd+bwd {rate:8.1f} steps/s"
-            f" | native fwd {native:8.1f} | ratio {rate / native:.4f}"
-            f" | first window {first:6.1f} s | peak RSS {rss_gb:.2f} GB",
-            flush=True,
-        )
+        SPEED_TABLE.print_row(*row.values())
     return rows
 
 
@@ -215,10 +221,10 @@ def main(argv=None) -> None:
         "--dtype", choices=["float64", "float32"], default="float64", help="speed: precision of both backends"
     )
     args = parser.parse_args(argv)
-    print(f"load average at start: {os.getloadavg()}", flush=True)
+    print(load_line("at the start"), flush=True)
     for name in args.sections:
         SECTIONS[name](args)
-    print(f"load average at end: {os.getloadavg()}", flush=True)
+    print(load_line("at the end"), flush=True)
 
 
 if __name__ == "__main__":

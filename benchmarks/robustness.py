@@ -47,11 +47,11 @@ import argparse
 import json
 import os
 import tempfile
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from harness import Column, Table, cell, cores, load_line, timed
 from throughput import randomization_rates
 
 from waddle.algorithms.checkpoint import load_checkpoint
@@ -114,10 +114,6 @@ class PolicyOutcome:
     episodes: int
 
 
-def load_average() -> str:
-    return ", ".join(f"{value:.2f}" for value in os.getloadavg())
-
-
 def train(label: str, out: Path, steps: int, seed: int) -> float:
     """Train policy ``label`` into ``out`` with ``waddle train``; returns the minutes it took."""
     settings = POLICIES[label]
@@ -127,11 +123,11 @@ def train(label: str, out: Path, steps: int, seed: int) -> float:
     argv += ["--max-episode-steps", str(settings["max_episode_steps"])]
     argv += ["--video-frames", "0", "--no-progress"]
     print(f"training ({label}): waddle {' '.join(argv)}", flush=True)
-    start = time.perf_counter()
-    code = waddle(argv)
+    with timed() as timing:
+        code = waddle(argv)
     if code != 0:
         raise SystemExit(f"waddle train for policy ({label}) exited with {code}")
-    return (time.perf_counter() - start) / 60.0
+    return timing.wall_s / 60.0
 
 
 def trained_settings(checkpoint: dict) -> dict:
@@ -188,21 +184,42 @@ def sim2sim_survival(run: Path, folder: Path, episodes: int, max_steps: int, see
     return report.survival, report.mean_forward_speed
 
 
-def figure(value: float, spec: str) -> str:
-    """``value`` formatted by ``spec``, or ``-`` right-aligned in its width when it is NaN (every episode fell)."""
-    if value != value:
-        width = "".join(ch for ch in spec.split(".")[0] if ch.isdigit())
-        return f"{'-':>{width or 1}}"
-    return f"{value:{spec}}"
+OUTCOME_TABLE = Table(
+    [
+        Column("policy", width=6, left=True),
+        Column("random.", width=9, left=True),
+        Column("actor", width=8, left=True),
+        Column("scale", ".2f"),
+        Column("push", ".2f", 5),
+        Column("horizon"),
+        Column("env steps", ",", 11),
+        Column("train min", ".1f"),
+        Column("survival %", ".1f"),
+        Column("forward", ".3f", 8),
+        Column("error", "+.3f", 7),
+        Column("yaw deg", ".1f", 8),
+        Column("p95 deg", ".1f"),
+    ]
+)
+"""One row per policy: its training settings and minutes, and its figures under the upstream randomization
+(``-`` where every episode fell)."""
 
 
 def format_outcome(o: PolicyOutcome) -> str:
-    return (
-        f"({o.label}) {o.randomization:<9} {o.actor_observation:<8} {o.action_scale:>5.2f} {o.push_scale:>5.2f} {o.max_episode_steps:>7} "
-        f"{o.env_steps:>11,} "
-        f"{figure(o.train_minutes, '>9.1f')} {100 * o.survival:>10.1f} {figure(o.forward_speed, '>8.3f')} "
-        f"{figure(o.forward_speed - WALK_SPEED, '>+7.3f')} {figure(o.yaw_drift_deg, '>8.1f')} "
-        f"{figure(o.yaw_drift_p95_deg, '>7.1f')}"
+    return OUTCOME_TABLE.row(
+        f"({o.label})",
+        o.randomization,
+        o.actor_observation,
+        o.action_scale,
+        o.push_scale,
+        o.max_episode_steps,
+        o.env_steps,
+        o.train_minutes,
+        100 * o.survival,
+        o.forward_speed,
+        o.forward_speed - WALK_SPEED,
+        o.yaw_drift_deg,
+        o.yaw_drift_p95_deg,
     )
 
 
@@ -232,7 +249,7 @@ def main() -> None:
     if args.episodes < 64:
         print(f"note: {args.episodes} evaluation episodes; the issue's figures need at least 64")
     out = Path(args.out or tempfile.mkdtemp(prefix="waddle-robustness-"))
-    print(f"load average at start: {load_average()}; runs under {out}", flush=True)
+    print(f"{load_line('at the start')}; runs under {out}", flush=True)
 
     outcomes: list[PolicyOutcome] = []
     runs: dict[str, Path] = {}
@@ -257,13 +274,12 @@ def main() -> None:
                 **trained_settings(checkpoint),
             )
         )
-        print(f"evaluated ({label}); load average {load_average()}", flush=True)
+        print(f"evaluated ({label}); {load_line()}", flush=True)
 
     nominal = evaluate_run(runs["b"], "none", args.episodes, args.max_steps, args.eval_seed)
     sim_survival, sim_speed = sim2sim_survival(runs["b"], out / "export-b", args.episodes, args.max_steps, args.seed)
     torch.set_num_threads(1)  # the physics threads, not torch's, do the stepping
-    threads = len(os.sched_getaffinity(0))
-    rates = randomization_rates(args.throughput_envs, args.throughput_steps, threads, args.throughput_repeats)
+    rates = randomization_rates(args.throughput_envs, args.throughput_steps, cores(), args.throughput_repeats)
     cost = 1.0 - rates["upstream"] / rates["none"]
 
     episode_s = args.max_steps * 0.02
@@ -272,10 +288,7 @@ def main() -> None:
         f"walking at {WALK_SPEED} m/s, evaluated under randomization 'upstream': {args.episodes} episodes of "
         f"{episode_s:.0f} s; speeds and drift over the episodes that did not fall"
     )
-    print(
-        f"{'policy':<3} {'random.':<9} {'actor':<8} {'scale':>5} {'push':>5} {'horizon':>7} {'env steps':>11} {'train min':>9} {'survival %':>10} "
-        f"{'forward':>8} {'error':>7} {'yaw deg':>8} {'p95 deg':>7}"
-    )
+    print(OUTCOME_TABLE.header())
     for outcome in outcomes:
         print(format_outcome(outcome))
     print(REFERENCE)
@@ -290,7 +303,7 @@ def main() -> None:
     gap = sim_survival - b.survival
     print(
         f"sim2sim of (b)'s ONNX and sidecar (nominal robot, {args.episodes} episodes): survival "
-        f"{100 * sim_survival:.1f} %, forward {figure(sim_speed, '.3f')} m/s; waddle eval: {100 * b.survival:.1f} % under "
+        f"{100 * sim_survival:.1f} %, forward {cell(sim_speed, '.3f')} m/s; waddle eval: {100 * b.survival:.1f} % under "
         f"'upstream' ({100 * gap:+.1f} points, target within {100 * SIM2SIM_TOLERANCE:.0f}), "
         f"{100 * nominal.survival:.1f} % under 'none' ({100 * (sim_survival - nominal.survival):+.1f} points)"
     )
@@ -299,7 +312,7 @@ def main() -> None:
         f"{args.throughput_steps} steps): none {rates['none']:,.0f} steps/s, upstream {rates['upstream']:,.0f} "
         f"steps/s, cost {100 * cost:.1f} % (target <= {100 * THROUGHPUT_COST_TARGET:.0f} %)"
     )
-    print(f"load average at end: {load_average()} on {os.cpu_count()} cores")
+    print(load_line("at the end"))
     if args.json:
         figures = {
             "policies": [asdict(o) for o in outcomes],

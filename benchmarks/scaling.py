@@ -3,9 +3,9 @@
 In one run, on ``waddle train --task walk``'s env and trainer (PPO defaults, 256
 envs unless ``--num-envs`` says otherwise):
 
-* **own loop**: the rollout loop PPO had before it collected through TorchRL
-  (``actor`` then ``env.step_and_maybe_reset``, stacked), kept here as the
-  reference the Collector has to match (within 10 %);
+* **own loop**: PPO's rollout as a plain loop (``actor`` then
+  ``env.step_and_maybe_reset``, stacked), the reference the Collector has to
+  match (within 10 %);
 * **collector**: ``torchrl.collectors.Collector`` on the env in this process (the default);
 * **2 processes**: ``waddle train --collectors 2``: two collector processes of
   ``num_envs / 2`` envs and one physics thread each;
@@ -29,10 +29,9 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
-import time
 
 import torch
+from harness import Column, Table, cores, load_line, timed
 
 from waddle.algorithms.ppo import PPO, PPOConfig
 from waddle.algorithms.presets import collector_envs, make_env
@@ -42,7 +41,7 @@ TASK = "walk"
 
 
 class OwnLoopPPO(PPO):
-    """PPO with the rollout loop it had before collecting through TorchRL's Collector."""
+    """PPO whose rollout is a plain loop over the actor and ``env.step_and_maybe_reset``, without a Collector."""
 
     _next_td = None
 
@@ -61,26 +60,37 @@ class OwnLoopPPO(PPO):
         return torch.stack(steps, dim=1)
 
 
+VARIANTS_TABLE = Table(
+    [
+        Column("variant", width=15, left=True),
+        Column("steps/s", ",.0f", 9),
+        Column("vs own loop", width=12),
+        Column("data s/it", ".2f", 10),
+        Column("update s/it", ".2f", 12),
+    ]
+)
+"""Every variant's rate against the own loop's, and its seconds per iteration waiting and updating."""
+
+
 def measure(name: str, build, iterations: int) -> dict[str, float]:
     """Warm up one iteration, then time ``iterations``; returns the figures of one table row."""
-    started = time.perf_counter()
-    trainer = build()
+    with timed() as setup:
+        trainer = build()
     try:
-        trainer.train_iteration()
-        setup_s = time.perf_counter() - started
+        with timed() as warm_up:
+            trainer.train_iteration()
         rollout_s, update_s = [], []
-        start = time.perf_counter()
-        for _ in range(iterations):
-            metrics = trainer.train_iteration()
-            rollout_s.append(metrics["perf/rollout_s"])
-            update_s.append(metrics["perf/update_s"])
-        elapsed = time.perf_counter() - start
+        with timed() as timing:
+            for _ in range(iterations):
+                metrics = trainer.train_iteration()
+                rollout_s.append(metrics["perf/rollout_s"])
+                update_s.append(metrics["perf/update_s"])
         return {
             "name": name,
-            "steps_per_s": iterations * trainer.steps_per_iteration / elapsed,
+            "steps_per_s": iterations * trainer.steps_per_iteration / timing.wall_s,
             "rollout_s": sum(rollout_s) / iterations,
             "update_s": sum(update_s) / iterations,
-            "setup_s": setup_s,
+            "setup_s": setup.wall_s + warm_up.wall_s,
             "steps_per_iteration": trainer.steps_per_iteration,
         }
     finally:
@@ -98,10 +108,9 @@ def main() -> None:
     parser.add_argument("--no-ray", action="store_true", help="leave out the Ray variant")
     args = parser.parse_args()
     torch.set_num_threads(1)  # as waddle train: the physics has its own threads
-    cores = len(os.sched_getaffinity(0))
     print(
-        f"waddle scaling benchmark: {cores} CPU cores, load average {os.getloadavg()[0]:.2f}, "
-        f"PPO on {TASK!r} with {args.num_envs} envs, {args.iterations} timed iterations each",
+        f"waddle scaling benchmark: PPO on {TASK!r} with {args.num_envs} envs, {args.iterations} timed iterations "
+        f"each; {load_line()}",
         flush=True,
     )
     config = PPOConfig()
@@ -112,19 +121,21 @@ def main() -> None:
     def in_process(trainer_class):
         def build():
             torch.manual_seed(0)
-            return trainer_class(spec_env(), config, update_threads=cores)
+            return trainer_class(spec_env(), config, update_threads=cores())
 
         return build
 
     def remote(backend: str):
         def build():
             torch.manual_seed(0)
-            recipes = collector_envs(TASK, num_envs=args.num_envs, collectors=2, seed=0, cores=cores, diagnostics=True)
+            recipes = collector_envs(
+                TASK, num_envs=args.num_envs, collectors=2, seed=0, cores=cores(), diagnostics=True
+            )
             init = ray_init_options("") if backend == "ray" else None
             return PPO(
                 spec_env(1),
                 config,
-                update_threads=cores,
+                update_threads=cores(),
                 env_factories=recipes,
                 collector_backend=backend,
                 ray_init=init,
@@ -159,12 +170,11 @@ def main() -> None:
         ray.shutdown()
 
     reference = rows[0]["steps_per_s"]
-    print(f"\nload average at the end: {os.getloadavg()[0]:.2f}")
-    print(f"{'variant':<15} {'steps/s':>9} {'vs own loop':>12} {'data s/it':>10} {'update s/it':>12}")
+    print(f"\n{load_line('at the end')}")
+    VARIANTS_TABLE.print_header()
     for row in rows:
-        print(
-            f"{row['name']:<15} {row['steps_per_s']:>9,.0f} {row['steps_per_s'] / reference:>11.2f}x "
-            f"{row['rollout_s']:>10.2f} {row['update_s']:>12.2f}"
+        VARIANTS_TABLE.print_row(
+            row["name"], row["steps_per_s"], f"{row['steps_per_s'] / reference:.2f}x", row["rollout_s"], row["update_s"]
         )
 
     # What crosses the wire per iteration, from the tensors themselves.
@@ -189,7 +199,7 @@ def main() -> None:
         f"the update alone takes {update:.2f} s per iteration here, so however fast the collectors are, "
         f"one learner on this CPU tops out near {ceiling:,.0f} env steps/s at this batch size"
     )
-    rollout_per_step = rows[1]["rollout_s"] / trainer.steps_per_iteration * cores  # core-seconds per env step
+    rollout_per_step = rows[1]["rollout_s"] / trainer.steps_per_iteration * cores()  # core-seconds per env step
     for name, collector_cores in (("a 64-core machine (63 collector cores)", 63), ("4 such hosts", 4 * 63)):
         rollout = rollout_per_step * trainer.steps_per_iteration / collector_cores
         steps = trainer.steps_per_iteration / (rollout + update)

@@ -41,13 +41,12 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
-import time
 from dataclasses import dataclass
 
 import mujoco
 import numpy as np
 import torch
+from harness import Column, Table, cores, load_line, timed
 from mujoco import rollout
 
 from waddle.algorithms.checkpoint import load_checkpoint
@@ -61,6 +60,45 @@ round followed at once by the C limit of the transitions it simulated, so that l
 goes on a shared machine meets both alike (ratios of runs taken a minute apart swung by 10 %)."""
 ACTION_FRACTION = 0.3
 """Random actions of every env measurement span this fraction of the action range."""
+
+
+ENV_TABLE = Table(
+    [
+        Column("envs", width=6),
+        Column("waddle env", ",.0f", 11),
+        Column("C limit", ",.0f", 9),
+        Column("env / C", width=19),
+        Column("bare backend", ",.0f", 13),
+        Column("C limit", ",.0f", 9),
+        Column("bare / C", width=19),
+    ]
+)
+"""The env and the bare backend at each size, beside the C limits of their transitions."""
+PPO_TABLE = Table(
+    [
+        Column("envs", width=6),
+        Column("PPO", ",.0f", 9),
+        Column("C limit", ",.0f", 9),
+        Column("PPO / C", ".2f", 8),
+        Column("update share", ".2f", 13),
+        Column("overlap", ",.0f", 9),
+        Column("C limit", ",.0f", 9),
+        Column("overlap / C", ".2f", 12),
+    ]
+)
+"""PPO end to end, plain and overlapped, beside the C limits of their transitions."""
+BUDGET_TABLE = Table(
+    [
+        Column("envs", width=6),
+        Column("rollout", ".3f", 8),
+        Column("update", ".3f", 7),
+        Column("C limit", ".3f", 8),
+        Column("cores", width=6),
+        Column("ceiling", ".2f", 8),
+        Column("PPO / C", ".2f", 8),
+    ]
+)
+"""PPO's CPU seconds per 1,000 env steps and the ceiling they put on PPO / C."""
 
 
 def random_policy(num_envs: int, seed: int = 0):
@@ -119,13 +157,20 @@ class TransitionRecorder:
         control = np.empty((num_envs, frame_skip, model.nu))
         state = np.zeros((num_envs, frame_skip, len(self.states[0][0])))
         sensordata = np.zeros((num_envs, frame_skip, model.nsensordata))
-        start, cpu_start = time.perf_counter(), time.process_time()
-        for initial, ctrl in zip(self.states, self.controls, strict=True):
-            control[:] = ctrl[:, None, :]
-            pool.rollout(
-                models, datas, initial, control, skip_checks=True, nstep=frame_skip, state=state, sensordata=sensordata
-            )
-        return time.perf_counter() - start, time.process_time() - cpu_start
+        with timed() as timing:
+            for initial, ctrl in zip(self.states, self.controls, strict=True):
+                control[:] = ctrl[:, None, :]
+                pool.rollout(
+                    models,
+                    datas,
+                    initial,
+                    control,
+                    skip_checks=True,
+                    nstep=frame_skip,
+                    state=state,
+                    sensordata=sensordata,
+                )
+        return timing.wall_s, timing.cpu_s
 
 
 @dataclass(frozen=True)
@@ -157,9 +202,9 @@ def paired_rate(run_round, recorder: TransitionRecorder, threads: int, rounds: i
     for _ in range(rounds):
         recorder.clear()
         recorder.recording = True
-        start = time.perf_counter()
-        run_round()
-        times.append(time.perf_counter() - start)
+        with timed() as timing:
+            run_round()
+        times.append(timing.wall_s)
         recorder.recording = False
         wall, replay_cpu = recorder.replay(pool, datas)
         limits.append(wall)
@@ -257,7 +302,7 @@ def ppo_rate(
         rollout_cpu_s=1e3 * totals["perf/rollout_cpu_s"] / steps,
         update_cpu_s=1e3 * totals["perf/update_cpu_s"] / steps,
         limit_cpu_s=1e3 * measured.limit_cpu_s,
-        cores=len(os.sched_getaffinity(0)),
+        cores=cores(),
     )
 
 
@@ -279,25 +324,23 @@ def task_conditioning_cost(num_envs: int, threads: int, repeats: int = 3) -> dic
     }
     plain = trainers[0]
     plain.train_iteration()  # warm-up
-    start = time.perf_counter()
-    for _ in range(repeats):
-        plain.train_iteration()
-    iteration_s = (time.perf_counter() - start) / repeats
+    with timed() as timing:
+        for _ in range(repeats):
+            plain.train_iteration()
+    iteration_s = timing.wall_s / repeats
     batch = plain.collect()
     update_s, actor_s = dict.fromkeys(trainers, math.inf), dict.fromkeys(trainers, math.inf)
     step = batch[:, 0].exclude("next")
     for _ in range(repeats):
         for dim, trainer in trainers.items():
             data = batch.clone()
-            start = time.perf_counter()
-            with torch_threads(threads):
+            with timed() as timing, torch_threads(threads):
                 trainer.update(data)
-            update_s[dim] = min(update_s[dim], time.perf_counter() - start)
-            with torch.no_grad():
-                start = time.perf_counter()
+            update_s[dim] = min(update_s[dim], timing.wall_s)
+            with timed() as timing, torch.no_grad():
                 for _ in range(plain.config.num_steps):
                     trainer.actor(step.clone())
-                actor_s[dim] = min(actor_s[dim], time.perf_counter() - start)
+            actor_s[dim] = min(actor_s[dim], timing.wall_s)
     env.close()
     dim = max(trainers)
     extra = (update_s[dim] - update_s[0]) + (actor_s[dim] - actor_s[0])
@@ -334,11 +377,10 @@ def torchrl_rate(num_envs: int, steps: int, parallel: bool) -> float:
     scene = MicroDuckEnv.resolve_scene()
     env = TorchRLMicroDuckEnv(scene, backend="mujoco", num_envs=num_envs, parallel=parallel)
     env.rollout(2, break_when_any_done=False)
-    start = time.perf_counter()
-    env.rollout(steps, break_when_any_done=False)
-    rate = num_envs * steps / (time.perf_counter() - start)
+    with timed() as timing:
+        env.rollout(steps, break_when_any_done=False)
     env.close()
-    return rate
+    return num_envs * steps / timing.wall_s
 
 
 def randomization_rates(num_envs: int, steps: int, threads: int, repeats: int) -> dict[str, float]:
@@ -356,9 +398,9 @@ def randomization_rates(num_envs: int, steps: int, threads: int, repeats: int) -
         env.rollout(5, break_when_any_done=False)  # warm-up
     for _ in range(repeats):
         for name, env in envs.items():
-            start = time.perf_counter()
-            env.rollout(steps, break_when_any_done=False)
-            best[name] = max(best[name], num_envs * steps / (time.perf_counter() - start))
+            with timed() as timing:
+                env.rollout(steps, break_when_any_done=False)
+            best[name] = max(best[name], num_envs * steps / timing.wall_s)
     for env in envs.values():
         env.close()
     return best
@@ -366,11 +408,10 @@ def randomization_rates(num_envs: int, steps: int, threads: int, repeats: int) -
 
 def print_randomization_cost(num_envs: int, steps: int, threads: int, repeats: int) -> None:
     rates = randomization_rates(num_envs, steps, threads, repeats)
-    load = ", ".join(f"{value:.2f}" for value in os.getloadavg())
     print(
         f"randomization at {num_envs} envs (best of {repeats} x {steps} steps): "
         f"none {rates['none']:,.0f} steps/s, upstream {rates['upstream']:,.0f} steps/s, "
-        f"upstream / none = {rates['upstream'] / rates['none']:.2f}; load average {load}",
+        f"upstream / none = {rates['upstream'] / rates['none']:.2f}; {load_line()}",
         flush=True,
     )
 
@@ -389,7 +430,7 @@ def main() -> None:
         "when there are no more envs than cores; 256 worker processes on 2 cores drove the load "
         "average to 238 and never finished) or in one process (SerialEnv)",
     )
-    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--threads", type=int, default=cores())
     parser.add_argument(
         "--randomization-envs", type=int, default=256, help="batch size of the randomization comparison (0: skip)"
     )
@@ -414,8 +455,7 @@ def main() -> None:
     print(
         f"C limit: mujoco.rollout simulating the same transitions again; {ROUNDS} rounds of {args.steps} steps, each\n"
         "replayed right after it; rates over every round, the rounds' range of ratios in brackets\n"
-        f"{'envs':>6} {'waddle env':>11} {'C limit':>9} {'env / C':>19} {'bare backend':>13} {'C limit':>9} "
-        f"{'bare / C':>19}   (env steps/s)"
+        f"{ENV_TABLE.header()}   (env steps/s)"
     )
     results = {}
 
@@ -426,18 +466,13 @@ def main() -> None:
         ours = waddle_rate(size, args.steps, args.threads)
         bare = bare_backend_rate(size, args.steps, args.threads)
         results[size] = ours.rate
-        print(
-            f"{size:>6} {ours.rate:>11,.0f} {ours.limit:>9,.0f} {ratio(ours):>19} {bare.rate:>13,.0f} "
-            f"{bare.limit:>9,.0f} {ratio(bare):>19}",
-            flush=True,
-        )
+        ENV_TABLE.print_row(size, ours.rate, ours.limit, ratio(ours), bare.rate, bare.limit, ratio(bare))
 
     if args.ppo_iterations:
         print(
             f"PPO end to end (walk task, default settings, {args.ppo_iterations} iterations after a warm-up), "
             "and with --overlap-rollout; C limit of each one's transitions, each iteration replayed right after it:\n"
-            f"{'envs':>6} {'PPO':>9} {'C limit':>9} {'PPO / C':>8} {'update share':>13} {'overlap':>9} "
-            f"{'C limit':>9} {'overlap / C':>12}   (env steps/s)"
+            f"{PPO_TABLE.header()}   (env steps/s)"
         )
         if args.ppo_from:
             print(f"(from the trained policy {args.ppo_from})")
@@ -445,22 +480,30 @@ def main() -> None:
         for size in args.sizes:
             plain = budgets[size] = ppo_rate(size, args.ppo_iterations, args.threads, start_from=args.ppo_from)
             overlapped = ppo_rate(size, args.ppo_iterations, args.threads, overlap=True, start_from=args.ppo_from)
-            print(
-                f"{size:>6} {plain.rate:>9,.0f} {plain.limit:>9,.0f} {plain.rate / plain.limit:>8.2f} "
-                f"{plain.update_share:>13.2f} {overlapped.rate:>9,.0f} {overlapped.limit:>9,.0f} "
-                f"{overlapped.rate / overlapped.limit:>12.2f}",
-                flush=True,
+            PPO_TABLE.print_row(
+                size,
+                plain.rate,
+                plain.limit,
+                plain.rate / plain.limit,
+                plain.update_share,
+                overlapped.rate,
+                overlapped.limit,
+                overlapped.rate / overlapped.limit,
             )
         print(
             "PPO's CPU budget (plain loop; CPU seconds of every thread per 1,000 env steps). The ceiling is the\n"
-            "best PPO / C any overlap of rollout and update could reach on these cores at these costs:\n"
-            f"{'envs':>6} {'rollout':>8} {'update':>7} {'C limit':>8} {'cores':>6} {'ceiling':>8} {'PPO / C':>8}"
+            "best PPO / C any overlap of rollout and update could reach on these cores at these costs:"
         )
+        BUDGET_TABLE.print_header()
         for size, plain in budgets.items():
-            print(
-                f"{size:>6} {plain.rollout_cpu_s:>8.3f} {plain.update_cpu_s:>7.3f} {plain.limit_cpu_s:>8.3f} "
-                f"{plain.cores:>6} {plain.ceiling:>8.2f} {plain.rate / plain.limit:>8.2f}",
-                flush=True,
+            BUDGET_TABLE.print_row(
+                size,
+                plain.rollout_cpu_s,
+                plain.update_cpu_s,
+                plain.limit_cpu_s,
+                plain.cores,
+                plain.ceiling,
+                plain.rate / plain.limit,
             )
 
     if args.task_conditioning_envs:
@@ -478,7 +521,7 @@ def main() -> None:
 
     parallel = args.torchrl_parallel
     if parallel is None:
-        parallel = args.torchrl_envs <= len(os.sched_getaffinity(0))
+        parallel = args.torchrl_envs <= cores()
     try:
         theirs = torchrl_rate(args.torchrl_envs, args.torchrl_steps, parallel)
     except Exception as err:  # report, do not hide, why the comparison is missing
@@ -490,8 +533,7 @@ def main() -> None:
         f"{theirs:,.0f} steps/s; "
         f"waddle / TorchRL = {ours / theirs:.1f}x"
     )
-    load = ", ".join(f"{value:.2f}" for value in os.getloadavg())
-    print(f"load average at the end: {load} on {os.cpu_count()} cores")
+    print(load_line("at the end"))
 
 
 if __name__ == "__main__":

@@ -22,8 +22,10 @@ def write_video(path: str | Path, frames: torch.Tensor | np.ndarray | Sequence, 
         fps: frames per second, >= 1.
 
     Example:
-        >>> env = MicroDuckEnv(from_pixels=True, render_width=160, render_height=120)  # doctest: +SKIP
-        >>> write_video("rollout.mp4", env.rollout(50)["pixels"][0], fps=50)  # doctest: +SKIP
+        >>> from waddle.envs import MicroDuckEnv
+        >>> env = MicroDuckEnv(num_envs=1, from_pixels=True, render_width=160, render_height=120)
+        >>> write_video("rollout.mp4", env.rollout(10)["pixels"][0], fps=50).name  # 10 frames of env 0
+        'rollout.mp4'
     """
     try:
         import imageio.v2 as imageio

@@ -11,6 +11,7 @@ the trainer's own policy.
 from __future__ import annotations
 
 import csv
+import ipaddress
 import math
 import os
 import re
@@ -34,6 +35,7 @@ from waddle.collectors.rollout import (
     CollectorDiedError,
     RolloutCollector,
     exit_reason,
+    loopback_ray,
     ray_actor_death,
     ray_init_options,
     split_envs,
@@ -110,6 +112,23 @@ def test_ray_address_must_be_host_and_port():
     pytest.importorskip("ray")
     with pytest.raises(ValueError, match="HOST:PORT"):
         ray_init_options("localhost")
+
+
+def test_a_local_ray_instance_is_asked_for_on_the_loopback_and_ray_keeps_it_there():
+    pytest.importorskip("ray")
+    from ray._private import ray_constants
+    from ray._private.services import resolve_ip_for_localhost
+
+    local = ray_init_options("")
+    assert local["_node_ip_address"] == "127.0.0.1"
+    assert "address" not in local and local["include_dashboard"] is False
+    cluster_mode = ray_constants.ENABLE_RAY_CLUSTER
+    # ray.init resolves its node address through this; on Linux, outside the block, to the outward address.
+    with loopback_ray(local):
+        assert resolve_ip_for_localhost("127.0.0.1") == "127.0.0.1"
+    assert ray_constants.ENABLE_RAY_CLUSTER == cluster_mode
+    with loopback_ray({"address": "10.0.0.1:6379", "ignore_reinit_error": True}):  # a remote head: untouched
+        assert ray_constants.ENABLE_RAY_CLUSTER == cluster_mode
 
 
 def test_unreachable_ray_head_fails_fast_naming_the_address():
@@ -384,6 +403,50 @@ def test_train_with_two_collector_processes_survives_a_killed_worker_and_resumes
     lengths = [float(row["charts/episode_length"]) for row in rows]
     finished = [length for length in lengths if math.isfinite(length)]
     assert finished and all(length >= 1 for length in finished)
+
+
+def _listeners(pids: set[int]) -> list[tuple[str, str]]:
+    """``(process name, local address)`` of every listening TCP socket of ``pids``, from ``ss``."""
+    listening = subprocess.run(["ss", "-Htlnp"], capture_output=True, text=True, check=True).stdout
+    found = []
+    for line in listening.splitlines():
+        owners = {int(pid) for pid in re.findall(r"pid=(\d+)", line)}
+        if owners & pids:
+            found.append((re.search(r'\(\("([^"]+)"', line)[1], line.split()[3]))
+    return found
+
+
+def _on_loopback(address: str) -> bool:
+    host = address.rsplit(":", 1)[0].strip("[]")
+    if host == "*":
+        return False
+    ip = ipaddress.ip_address(host)
+    return (getattr(ip, "ipv4_mapped", None) or ip).is_loopback
+
+
+def _process_tree(pid: int) -> set[int]:
+    tree, todo = set(), [pid]
+    while todo:
+        tree.add(todo[-1])
+        todo.extend(_children(todo.pop()))
+    return tree
+
+
+def test_a_local_ray_instance_listens_on_the_loopback_only():
+    pytest.importorskip("ray")
+    recipes = collector_envs("standing", num_envs=4, collectors=2, seed=0, cores=2)
+    policy = PPO(make_env("standing", num_envs=4, seed=0, num_threads=1), PPOConfig(num_steps=2, **TINY)).actor
+    # Building the collector starts Ray and its actors (TorchRL's weight-sync store opens at the first batch).
+    collector = RolloutCollector(
+        policy, num_steps=2, env_factories=recipes, backend="ray", ray_init=ray_init_options("")
+    )
+    try:
+        listeners = _listeners(_process_tree(os.getpid()))
+    finally:
+        collector.shutdown()
+    names = {name for name, _ in listeners}
+    assert {"gcs_server", "raylet"} <= names, listeners
+    assert all(_on_loopback(address) for _, address in listeners), listeners
 
 
 @pytest.fixture()

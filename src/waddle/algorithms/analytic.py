@@ -11,7 +11,7 @@ scalars and the deterministic policy they export.
 With a library of several tasks the actor (and SHAC's critic) read
 ``"task_id"`` through an embedding appended to the normalised observation
 (:class:`~waddle.modules.task_embedding.TaskConditionedMLP`); with one task
-they are the plain MLPs they always were.
+they are plain MLPs.
 """
 
 from __future__ import annotations

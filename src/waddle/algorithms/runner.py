@@ -102,10 +102,10 @@ class TrainConfig:
     total_steps: int = 1_500_000
     """Env steps to train for, counted over all envs and across resumes.
 
-    The default is about 13 minutes of PPO on 2 idle CPU cores (~2,000 env
-    steps/s); PPO's standing policy holds 500-step episodes after ~262k steps.
-    ``waddle train`` gives the walking tasks 6M when the flag is left out
-    (their ``presets.TASK_RECIPES``), and ``--algo shac`` 25,600 on any task
+    What the default takes, and when the standing policy holds its episodes,
+    is in docs/throughput.md ("The default budget"). ``waddle train`` gives
+    the walking tasks 6M when the flag is left out (their
+    ``presets.TASK_RECIPES``), and ``--algo shac`` 25,600 on any task
     (``presets.ALGORITHMS["shac"].run_defaults``).
     """
     seed: int = 0
@@ -313,9 +313,13 @@ class Runner:
             that iteration's row.
 
     Example:
-        >>> runner = Runner(trainer, "runs/x", algo="ppo", config=config, total_steps=100_000)  # doctest: +SKIP
-        >>> runner.run().status  # doctest: +SKIP
-        'finished'
+        >>> from waddle.algorithms.ppo import PPO, PPOConfig
+        >>> from waddle.algorithms.presets import make_env
+        >>> trainer = PPO(make_env("standing", num_envs=4, seed=0, num_threads=1), PPOConfig(num_steps=8))
+        >>> runner = Runner(trainer, "runs/x", algo="ppo", config={"task": "standing"}, total_steps=64, progress=False)
+        >>> result = runner.run()  # two iterations of 4 envs x 8 steps
+        >>> result.status, result.env_steps, sorted(path.name for path in runner.out_dir.iterdir())
+        ('finished', 64, ['checkpoint.pt', 'config.json', 'curve.png', 'metrics.csv'])
     """
 
     def __init__(

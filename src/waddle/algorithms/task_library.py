@@ -4,8 +4,8 @@ A task-conditioned network holds one embedding row per task, by position in
 the env's library, so a policy only means something against the library it was
 trained on. Every trainer records the library's task names, in order, in its
 ``state_dict`` (under :data:`STATE_KEY`) and refuses, on load, a state recorded
-for another library. States written before this record existed carry none and
-load unchecked.
+for another library. A state without the record (one saved by a waddle that
+did not record libraries) loads unchecked.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def describe(names: Sequence[str]) -> str:
 def check_task_library(saved: Sequence[str] | None, current: Sequence[str], *, what: str = "checkpoint") -> None:
     """Refuse a ``saved`` library (names in id order) that differs from ``current``.
 
-    ``saved=None`` (a state written before libraries were recorded) passes.
+    ``saved=None`` (a state that carries no library) passes.
 
     Raises:
         TaskLibraryError: naming both libraries.

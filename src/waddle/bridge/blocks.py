@@ -3,11 +3,10 @@
 ``JaxFunction(batch_chunks=k)`` declares that a function is batched along the
 leading dimension of every input and output (a ``jax.vmap``-ed step, say) and
 runs it on ``k`` contiguous row blocks of the packed buffers at once, one
-host thread each (JAX releases the GIL while XLA runs). On a CPU, XLA keeps
-only about 1.3 cores busy with a vmapped Brax or MJX step whatever the batch
-size; ``k`` programs from ``k`` threads keep ``k`` cores busy (measured on 2
-cores, Brax ``ant`` with 128 envs: forward+backward 204 ms per step with one
-block, 110 ms with two; see ``benchmarks/differentiable.py``). The blocks'
+host thread each (JAX releases the GIL while XLA runs). On a CPU, XLA leaves
+cores idle while it runs a vmapped Brax or MJX step, whatever the batch size;
+``k`` programs from ``k`` threads keep ``k`` cores busy (docs/differentiable.md,
+"Row blocks", has the figures and the command that measures them). The blocks'
 results are concatenated (one copy per buffer). On a GPU use
 ``batch_chunks=1``: one program already fills the device.
 

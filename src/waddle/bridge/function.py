@@ -55,12 +55,10 @@ strategies are available (``JaxFunction(fn, mode=...)``):
     shared with the no-grad path.
 
 Which is faster depends on the function and the batch: measure with
-``benchmarks/differentiable.py --sections modes``. For Brax ``ant`` on a
-2-core CPU with 16 envs in two blocks, ``"residuals"`` took 0.43 s per
-16-step round against 0.44 s; the residuals took 54 MB per step at 128 envs
-against 0.7 MB of saved inputs, so
-``"recompute"`` is also the choice when the graph's memory is the limit
-(long horizons, large batches, GPUs).
+``benchmarks/differentiable.py --sections modes`` (docs/differentiable.md
+has figures for Brax ``ant``). Residuals take more memory per step than the
+inputs, so ``"recompute"`` is the choice when the graph's memory is the
+limit (long horizons, large batches, GPUs).
 
 Gradients reach every floating input (they are computed for all of them, so
 the compiled program does not depend on which inputs require grad); inputs of

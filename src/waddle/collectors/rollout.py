@@ -5,8 +5,8 @@ the current policy, then hands the collector the new weights. TorchRL's
 ``Collector`` already does that in three ways, and :class:`RolloutCollector`
 only picks one and keeps PPO's batch layout:
 
-* **direct**: the env lives in this process and the collector steps it, as
-  PPO's own loop did (``Collector(env, actor)``);
+* **direct**: the env lives in this process and the collector steps it
+  (``Collector(env, actor)``);
 * **process**: ``N`` collector processes, each building its own env from a
   picklable factory (``num_envs / N`` envs, its own seed and its own share of
   the cores). ``sync=True``: every batch is collected by the policy of the
@@ -26,6 +26,7 @@ exit reason.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import re
 import signal
 import socket
@@ -97,12 +98,19 @@ RAY_CONNECT_TIMEOUT_S = 10.0
 """How long :func:`ray_init_options` waits for a Ray head to accept a connection."""
 
 
+LOOPBACK = "127.0.0.1"
+"""The address of a local Ray instance: its servers listen on this machine's loopback only."""
+
+
 def ray_init_options(address: str, *, timeout_s: float = RAY_CONNECT_TIMEOUT_S) -> dict[str, Any]:
     """``ray.init`` keyword arguments for the cluster whose head is at ``address`` (``""``: a local instance).
 
-    Ray itself keeps retrying an address that does not answer; this checks
-    the head's port first and fails within ``timeout_s``. (A port that
-    answers but is no Ray head makes ``ray.init`` fail about 20 s later.)
+    A local instance serves this machine only, so its node address is
+    :data:`LOOPBACK` (which :class:`RolloutCollector` makes Ray keep; see
+    :func:`loopback_ray`) and no dashboard is started. Ray itself keeps
+    retrying an address that does not answer; this checks the head's port
+    first and fails within ``timeout_s``. (A port that answers but is no Ray
+    head makes ``ray.init`` fail about 20 s later.)
 
     Raises:
         ImportError: Ray is not installed (it is the ``ray`` extra).
@@ -115,7 +123,7 @@ def ray_init_options(address: str, *, timeout_s: float = RAY_CONNECT_TIMEOUT_S) 
         raise ImportError("Ray collectors need Ray: pip install 'waddle[ray]'.") from err
     options: dict[str, Any] = {"ignore_reinit_error": True, "log_to_driver": False}
     if not address:  # a local instance for this run
-        return {**options, "include_dashboard": False}
+        return {**options, "include_dashboard": False, "_node_ip_address": LOOPBACK}
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
         raise ValueError(f"ray_address must be HOST:PORT (the head's GCS port, 6379 by default), got {address!r}.")
@@ -127,6 +135,49 @@ def ray_init_options(address: str, *, timeout_s: float = RAY_CONNECT_TIMEOUT_S) 
             f"`ray start --head --port {port}`, or pass the address `ray start` printed."
         ) from err
     return {**options, "address": address}
+
+
+@contextlib.contextmanager
+def loopback_ray(ray_init: dict[str, Any]) -> Iterator[None]:
+    """Keep a local Ray instance that ``ray.init(**ray_init)`` starts inside this block on the loopback.
+
+    On Linux ``ray.init`` replaces a loopback ``_node_ip_address`` with the
+    host's outward address, and Ray's GCS, raylet, workers and autoscaler
+    monitor then listen on every interface. Ray keeps the loopback when it
+    treats the machine as a single-machine cluster (its mode for macOS and
+    Windows, ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``); that setting is read
+    when Ray is imported, so this sets Ray's copy of it for the block. The
+    started instance's servers then listen on 127.0.0.1 only. Options
+    without a loopback ``_node_ip_address`` (a remote head's address) pass
+    through untouched, as does a Ray that is already initialized.
+
+    Raises:
+        RuntimeError: the instance started on another address (a Ray whose
+            internals moved); it is shut down first.
+    """
+    if ray_init.get("_node_ip_address") != LOOPBACK or "address" in ray_init:
+        yield
+        return
+    import ray
+    from ray._private import ray_constants
+
+    if ray.is_initialized():
+        yield
+        return
+    cluster_mode = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = cluster_mode
+    address = ray.util.get_node_ip_address() if ray.is_initialized() else LOOPBACK
+    if not ipaddress.ip_address(address).is_loopback:  # ::1 where the loopback is IPv6 only
+        ray.shutdown()
+        raise RuntimeError(
+            f"the local Ray instance started on {address} instead of {LOOPBACK}, so it would listen on every "
+            f"interface; start a head with `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 ray start --head "
+            f"--node-ip-address={LOOPBACK}` and pass its address with --ray-address."
+        )
 
 
 class RolloutCollector:
@@ -141,14 +192,20 @@ class RolloutCollector:
             (``backend="process"`` or ``"ray"``); every env they build must
             have the same batch size.
         backend: one of :data:`COLLECTOR_BACKENDS`.
-        ray_init: keyword arguments of ``ray.init`` (``backend="ray"``), e.g.
-            ``{"address": "HOST:PORT"}``.
+        ray_init: keyword arguments of ``ray.init`` (``backend="ray"``), as
+            :func:`ray_init_options` gives them; a local instance stays on
+            the loopback (:func:`loopback_ray`).
 
     Example:
-        >>> collector = RolloutCollector(ppo.actor, num_steps=32, env=env)  # doctest: +SKIP
-        >>> batch = collector.next_batch()  # (num_envs, 32)  # doctest: +SKIP
-        >>> collector.update_weights(ppo.actor)  # doctest: +SKIP
-        >>> collector.shutdown()  # doctest: +SKIP
+        >>> from waddle.algorithms.ppo import PPO, PPOConfig
+        >>> from waddle.algorithms.presets import make_env
+        >>> env = make_env("standing", num_envs=4, seed=0, num_threads=1)
+        >>> ppo = PPO(env, PPOConfig(num_steps=8))
+        >>> collector = RolloutCollector(ppo.actor, num_steps=8, env=env)
+        >>> collector.next_batch().batch_size  # (num_envs, num_steps)
+        torch.Size([4, 8])
+        >>> collector.update_weights(ppo.actor)  # after an update; in process the module is shared
+        >>> collector.shutdown()
     """
 
     def __init__(
@@ -176,7 +233,7 @@ class RolloutCollector:
             self.num_collectors = 1
             self.num_envs = env.batch_size[0]
             # Building runs the policy once on a placeholder step (to learn what it writes); the fork
-            # keeps that draw out of the global random stream, so a run samples as it did before.
+            # keeps that draw out of the global random stream, so building a collector changes no sample.
             with torch.random.fork_rng(devices=[]):
                 self._collector: BaseCollector = Collector(
                     env,
@@ -202,17 +259,19 @@ class RolloutCollector:
                     "split_trajs": False,
                 }
             frames_per_batch = self._frames_per_batch(factories)
-            self._collector = Collector(
-                factories,
-                policy,
-                backend=backend,
-                num_collectors=self.num_collectors,
-                sync=True,
-                frames_per_batch=frames_per_batch,
-                # TorchRL 0.14.1's RayCollector ends at once on total_frames=-1 (endless elsewhere).
-                total_frames=-1 if backend == "process" else frames_per_batch * ENDLESS_BATCHES,
-                backend_options=options,
-            )
+            # TorchRL's RayCollector calls ray.init while it is built.
+            with loopback_ray(ray_init or {}) if backend == "ray" else contextlib.nullcontext():
+                self._collector = Collector(
+                    factories,
+                    policy,
+                    backend=backend,
+                    num_collectors=self.num_collectors,
+                    sync=True,
+                    frames_per_batch=frames_per_batch,
+                    # TorchRL 0.14.1's RayCollector ends at once on total_frames=-1 (endless elsewhere).
+                    total_frames=-1 if backend == "process" else frames_per_batch * ENDLESS_BATCHES,
+                    backend_options=options,
+                )
         self._iterator: Iterator[TensorDictBase] | None = None
 
     def _frames_per_batch(self, factories: list[EnvFactory]) -> int:

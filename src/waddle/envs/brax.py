@@ -25,8 +25,9 @@ step runs:
 * Without grad (``requires_grad=False``, or under :func:`torch.no_grad`), a
   step is one plain jitted call.
 * On a CPU the batch runs as one row block per core (``batch_chunks``), each
-  block's program in its own thread: XLA alone keeps about 1.3 of 2 cores
-  busy with a Brax step, two blocks keep both busy.
+  block's program in its own thread: XLA alone leaves cores idle during a
+  Brax step, one block per core keeps them all busy (docs/differentiable.md,
+  "Row blocks", has the figures).
 * The state's leaves are views of the step's output buffer. Passed back
   unchanged as the next step's input, they reach the bridge as that buffer,
   so the autograd graph links step to step directly.
@@ -35,8 +36,8 @@ Compilation happens on first use, once per batch size: ``reset`` when the env
 is built, the plain step on the first step without grad, the differentiable
 forward and backward on the first step with grad. On CPU this takes seconds
 for small tasks (``reacher``) and minutes for ``ant`` with the ``generalized``
-pipeline (``compiler_options={"xla_backend_optimization_level": 0}`` roughly
-halves it, for slower steps; JAX's persistent compilation cache,
+pipeline (``compiler_options={"xla_backend_optimization_level": 0}``
+shortens it, for slower steps; JAX's persistent compilation cache,
 ``jax.config.update("jax_compilation_cache_dir", ...)``, makes it a one-off).
 
 On a CPU with few cores, run torch with one intra-op thread
@@ -182,8 +183,8 @@ class BraxWrapper(_EnvWrapper, metaclass=_BraxMeta):
             equal row blocks at once, one thread each (see
             :class:`waddle.bridge.JaxFunction`); it must divide the number of
             envs. ``"auto"`` (default): on CPU, one block per usable core with
-            at least 8 envs per block (XLA alone keeps about 1.3 cores busy
-            with a Brax step); on a GPU, 1.
+            at least 8 envs per block (XLA alone leaves cores idle during a
+            Brax step); on a GPU, 1.
         from_pixels (bool, optional): not supported; ``True`` raises
             :class:`NotImplementedError`.
         frame_skip (int, optional): repeat each action this many times
@@ -204,11 +205,14 @@ class BraxWrapper(_EnvWrapper, metaclass=_BraxMeta):
 
     Examples:
         >>> import brax.envs
-        >>> env = BraxWrapper(brax.envs.get_environment("reacher"), batch_size=[4])
-        >>> env.set_seed(0)
+        >>> # options that compile in seconds on a CPU, for slower steps
+        >>> quick = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+        >>> reacher = brax.envs.get_environment("reacher", backend="positional")
+        >>> env = BraxWrapper(reacher, batch_size=[3], compiler_options=quick)
+        >>> _ = env.set_seed(0)  # returns the seed for a next env
         >>> td = env.rollout(10)
         >>> td["next", "observation"].shape
-        torch.Size([4, 10, 11])
+        torch.Size([3, 10, 11])
     """
 
     git_url = "https://github.com/google/brax"
@@ -503,10 +507,16 @@ class BraxEnv(BraxWrapper):
     total batch is ``(n, *batch_size)``.
 
     Examples:
-        >>> env = BraxEnv("ant", batch_size=[16], requires_grad=True)
-        >>> policy = TensorDictModule(nn.Linear(27, 8), ["observation"], ["action"])
-        >>> td = env.rollout(16, policy)
+        >>> import torch
+        >>> from tensordict.nn import TensorDictModule
+        >>> # options that compile in seconds on a CPU, for slower steps
+        >>> quick = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+        >>> env = BraxEnv("reacher", backend="positional", batch_size=[3], requires_grad=True, compiler_options=quick)
+        >>> policy = TensorDictModule(torch.nn.Linear(11, 2), ["observation"], ["action"])
+        >>> td = env.rollout(4, policy)
         >>> td["next", "reward"].mean().backward()  # gradients reach the policy
+        >>> bool(policy.module.weight.grad.abs().sum() > 0)
+        True
     """
 
     _WRAPPER_KEYS = (

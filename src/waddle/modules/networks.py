@@ -14,7 +14,7 @@ With a library of several tasks (``num_tasks > 1`` and ``task_embedding_dim >
 0``) each network also reads ``"task_id"``: its own embedding row for the task
 is appended to the normalised observation (see
 :mod:`waddle.modules.task_embedding`). With one task they read the
-observation only and their parameters are what they always were.
+observation only and have no embedding parameters.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ class GaussianPolicy(nn.Module):
         nn.init.uniform_(self.net[-1].weight, -1e-2, 1e-2)
         nn.init.zeros_(self.net[-1].bias)
         self.log_std = nn.Parameter(torch.full((action_dim,), math.log(init_std)))
-        # Made last, so a one-task policy draws the same initial weights as before conditioning existed.
+        # Made after the MLP, so the MLP's weights are the seed's first draws whether or not it reads a task id.
         self.task_embedding = nn.Embedding(num_tasks, embedding_dim) if embedding_dim else None
 
     @property

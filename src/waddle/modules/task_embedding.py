@@ -6,8 +6,8 @@ in the observation, so a policy trained on several tasks needs the id to tell,
 say, standing from hopping: both have a zero command. A learned
 ``nn.Embedding`` row per task is appended to the (normalised) observation.
 
-With a one-task library nothing reads the id and the networks keep their
-single-task layout, so checkpoints written before task conditioning still load.
+With a one-task library nothing reads the id and the networks have the
+single-task layout, so a one-task checkpoint without embedding weights loads.
 A conditioned network's parameters are the unconditioned network's, under the
 same names, plus ``task_embedding.weight``; only its first linear layer is
 wider, by the embedding width. :mod:`waddle.algorithms.init_from` relies on

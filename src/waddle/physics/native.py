@@ -51,9 +51,15 @@ class NativeBackend(PhysicsBackend):
     See :class:`~waddle.physics.base.PhysicsBackend` for the other arguments.
 
     Example:
-        >>> spec = mujoco.MjSpec.from_file("scene.xml")  # doctest: +SKIP
-        >>> sim = NativeBackend(spec, num_envs=256, frame_skip=10)  # doctest: +SKIP
-        >>> sim.step(torch.zeros(256, sim.nu))  # doctest: +SKIP
+        >>> spec = mujoco.MjSpec.from_string(
+        ...     "<mujoco><worldbody><body><joint name='hinge'/>"
+        ...     "<geom type='capsule' size='0.05' fromto='0 0 0 0 0 0.5'/></body></worldbody>"
+        ...     "<actuator><motor joint='hinge'/></actuator></mujoco>"
+        ... )
+        >>> sim = NativeBackend(spec, num_envs=4, frame_skip=10, num_threads=1)
+        >>> sim.step(torch.ones(4, sim.nu))  # one control step: 10 physics steps of 2 ms
+        >>> sim.time
+        tensor([0.0200, 0.0200, 0.0200, 0.0200])
     """
 
     name = "mujoco"

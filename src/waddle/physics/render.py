@@ -42,8 +42,13 @@ class BatchRenderer:
         RuntimeError: no OpenGL backend works; the message says what to install.
 
     Example:
-        >>> renderer = BatchRenderer(model, width=64, height=48)  # doctest: +SKIP
-        >>> renderer.render(qpos, camera="track").shape  # doctest: +SKIP
+        >>> model = mujoco.MjModel.from_xml_string(
+        ...     "<mujoco><worldbody><light pos='0 0 2'/>"
+        ...     "<body><freejoint/><geom size='0.1'/></body></worldbody></mujoco>"
+        ... )
+        >>> qpos = torch.as_tensor(model.qpos0).repeat(4, 1)  # four copies of the initial pose
+        >>> with BatchRenderer(model, width=64, height=48) as renderer:
+        ...     renderer.render(qpos).shape
         torch.Size([4, 48, 64, 3])
     """
 
