@@ -116,7 +116,7 @@ def test_a_state_trained_on_sensors_is_refused_by_a_full_trainer_and_back(upstre
 
 
 def test_bad_actor_observation_names_the_choices():
-    with pytest.raises(ValueError, match=r"actor_observation must be one of \('full', 'sensors'\), got 'imu'"):
+    with pytest.raises(ValueError, match=r"actor_observation must be one of \('full', 'sensors', 'robot'\), got 'imu'"):
         PPOConfig(actor_observation="imu")
 
 

@@ -228,7 +228,7 @@ def test_a_checkpoint_on_an_env_of_another_history_or_action_scale_is_refused(hi
     from waddle.algorithms.presets import make_env
 
     checkpoint = load_checkpoint(history_run / "checkpoint.pt")
-    assert trained_env_options(checkpoint) == {"sensor_history": 3, "action_scale": 0.5}
+    assert trained_env_options(checkpoint) == {"sensor_history": 3, "action_scale": 0.5, "action_mode": "residual"}
     env = make_env("walk", num_envs=2, seed=0, randomization="upstream", **options)
     with pytest.raises(CheckpointError, match=message):
         policy_from_checkpoint(checkpoint, env)

@@ -19,6 +19,7 @@ from waddle.deploy.contract import SidecarError, parse_sidecar, read_sidecar
 from waddle.deploy.sidecar import build_sidecar, write_sidecar
 from waddle.deploy.sim2sim import OnnxPolicy, Sim2Sim, run_episodes
 from waddle.envs.microduck import MicroDuckEnv, MicroDuckRandomization
+from waddle.envs.microduck.tasks import WALKING_PRIOR
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
@@ -26,7 +27,7 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 def walk_env(delay: int = 0, dtype: torch.dtype = torch.float64, history: int = 1) -> MicroDuckEnv:
     # Noise and random delays off; only the robot's fixed one-step-late joint velocity, when asked.
     return MicroDuckEnv(
-        tasks=[MicroDuckEnv.tracking_task(0.2)],
+        tasks=[MicroDuckEnv.tracking_task(0.2, **WALKING_PRIOR)],
         num_envs=1,
         seed=3,
         dtype=dtype,
@@ -168,12 +169,19 @@ def test_the_control_law_is_the_envs():
     td = env.reset()
     runner.reset(td["command"][0].numpy(), qpos=env.physics.qpos[0].numpy())
     stand = env.model.key("STAND").ctrl
+    # The servos' limits, read off the model: each joint's range (every MicroDuck joint has one).
+    joints = env.model.actuator_trnid[:, 0]
+    low, high = env.model.jnt_range[joints].T
     action = np.linspace(-1.5, 1.5, 14)
     # At reset the clock's ramp is 0: no prior yet, the clipped action scaled by 0.35 rad.
-    np.testing.assert_allclose(runner.control(action), stand + 0.35 * np.clip(action, -1, 1), atol=1e-12)
+    expected = np.clip(stand + 0.35 * np.clip(action, -1, 1), low, high)
+    assert expected[1] == low[1]  # left hip roll: -0.087 - 0.35 rad is past its -0.384 rad stop
+    np.testing.assert_allclose(runner.control(action), expected, atol=1e-12)
     for _ in range(12):
         np.testing.assert_allclose(
-            runner.control(action), stand + env.gait_prior()[0].numpy() + 0.35 * np.clip(action, -1, 1), atol=1e-12
+            runner.control(action),
+            np.clip(stand + env.gait_prior()[0].numpy() + 0.35 * np.clip(action, -1, 1), low, high),
+            atol=1e-12,
         )
         td = env.step(td.set("action", torch.zeros(1, 14, dtype=torch.float64)))["next"]
         runner.step(np.zeros(14))

@@ -57,7 +57,7 @@ still held every command within 0.03 m/s (docs/microduck.md, "Walking straight: 
 JOYSTICK_STEPS = 12_000_000
 """The joystick recipe's step budget: about 50 minutes of PPO on 2 CPU cores."""
 
-JOYSTICK_PRIOR_FADE_STEPS = 5_000_000
+JOYSTICK_PRIOR_FADE_STEPS = 6_000_000
 """Env steps over which the joystick recipe's gait prior fades out. Trained from the start without one, the
 robot's clock-free policy learned to stand and never stepped (1.5M env steps, seed 0): nothing paid for a
 step until it landed one. On the prior's swing-leg lift it steps from the first iterations; as the lift

@@ -447,17 +447,22 @@ JOYSTICK_PARAMS: dict[str, float] = {
 each way (a quarter of the command along it at speed), the yaw rate within 0.3 rad/s."""
 
 JOYSTICK_REWARD_WEIGHTS: dict[str, float] = {
-    **dict.fromkeys(GAIT_TERMS, 0.0),
+    "air_time": 0.0,
+    "double_support": 0.0,
+    "phase_contact": 2.0,
+    "swing_height": 2.0,
     "step_air_time": 3.0,
     "single_support": 2.0,
     "swing_lift": 2.0,
     "yaw_rate": 2.0,
     "heading_hold": 1.0,
+    "pose": 0.5,
 }
-"""Weights the joystick preset sets over the registered defaults. The clock's terms are off (the robot's
-policy sees no clock); their clock-free twins pay for steps while the twist asks to move, by how much of
-the twist the robot does (``step_air_time``, ``single_support``, ``swing_lift``); the yaw rate is tracked,
-and ``heading_hold`` keeps the heading the yaw command integrates to."""
+"""Weights the joystick preset sets over the registered defaults. The clock-free stepping terms pay for
+steps while the twist asks to move, by how much of the twist the robot does (``step_air_time``,
+``single_support``, ``swing_lift``); the clock's own terms (``phase_contact``, ``swing_height``) pay for
+stepping in time with the clock, the beat the joystick recipe's fading gait prior lifts the legs to;
+the yaw rate is tracked, and ``heading_hold`` keeps the heading the yaw command integrates to."""
 
 
 def joystick_task(
