@@ -147,8 +147,10 @@ class EvaluationResult:
     """Mean absolute change of an action entry from one step to the next, in action units (the first step
     counts from the zero action of the reset), over the episodes that did not fall: 2 flips between the
     bounds at every step."""
-    command: tuple[float, float] | None = None
-    """The planar command every env was reset with, when one was pinned."""
+    command: tuple[float, ...] | None = None
+    """The twist every env was reset with, ``(vx, vy)`` or ``(vx, vy, vyaw)``, when one was pinned."""
+    mean_yaw_rate: float = float("nan")
+    """Mean over the episodes that did not fall of their heading change over their duration, rad/s."""
     hop_height: float = float("nan")
     """Mean over the flights (both feet off the ground, then a touchdown) of the episodes that did not
     fall of the flight's peak trunk height above the standing height, m (NaN without a flight or a
@@ -266,7 +268,9 @@ def evaluate(
 
     pinned = {}
     if command is not None:
-        pinned["command"] = torch.tensor([command], dtype=torch.float32).expand(num_envs, 2).to(env.device)
+        pinned["command"] = torch.tensor([command[:2]], dtype=torch.float32).expand(num_envs, 2).to(env.device)
+        if len(command) == 3:
+            pinned["yaw_rate_command"] = torch.full((num_envs, 1), float(command[2]), device=env.device)
     if task_id is not None:
         pinned[TASK_ID_KEY] = torch.full((num_envs, 1), int(task_id), dtype=torch.long, device=env.device)
     reset_td = TensorDict(pinned, batch_size=env.batch_size, device=env.device) if pinned else None
@@ -360,7 +364,8 @@ def evaluate(
         step_frequency_hz=float((touchdowns[standing] / seconds).mean()) if standing.any() else nan,
         action_saturation=float((saturation_sum / lengths)[standing].mean()) if standing.any() else nan,
         action_change=float((change_sum / lengths)[standing].mean()) if standing.any() else nan,
-        command=None if command is None else (float(command[0]), float(command[1])),
+        command=None if command is None else tuple(float(value) for value in command),
+        mean_yaw_rate=float((yaw_drift[standing] / seconds).mean()) if standing.any() else nan,
         hop_height=float(hop_height_sum[standing].sum() / flights) if flights > 0 else nan,
         airborne_fraction=float(airborne_steps[standing].sum() / lengths[standing].sum()) if standing.any() else nan,
         hop_frequency_hz=float((hops[standing] / seconds).mean()) if standing.any() else nan,

@@ -31,8 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from waddle.algorithms.checkpoint import CheckpointError, load_checkpoint
-from waddle.algorithms.presets import ACTOR_OBSERVATIONS, BACKENDS, RANDOMIZATIONS
+from waddle.algorithms.presets import ACTOR_OBSERVATIONS, BACKENDS, RANDOMIZATIONS, TASKS
 from waddle.algorithms.task_library import task_library
+from waddle.deploy.daemon import command_problem
+from waddle.envs.microduck.tasks import as_task_library
 from waddle.files import atomic_write
 
 
@@ -60,9 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--command",
         type=float,
-        nargs=2,
-        metavar=("VX", "VY"),
-        help="evaluate this planar command (m/s) only, in every task",
+        nargs="+",
+        metavar="V",
+        help="VX VY [VYAW]: evaluate this twist only (m/s, m/s, rad/s; two values: no yaw rate), in every task",
     )
     parser.add_argument(
         "--seed", type=int, default=12345, metavar="S", help="seed of the evaluation envs (default 12345)"
@@ -102,9 +104,11 @@ def run(args: argparse.Namespace) -> int:
         if value is not None and value < 1:
             print(f"waddle eval: error: {flag} must be >= 1, got {value}", file=sys.stderr)
             return 2
-    if args.command is not None and not all(math.isfinite(v) for v in args.command):
-        print(f"waddle eval: error: --command must be two finite speeds in m/s, got {args.command}", file=sys.stderr)
-        return 2
+    if args.command is not None:
+        problem = command_problem(args.command)
+        if problem is not None:
+            print(f"waddle eval: error: --command {problem}", file=sys.stderr)
+            return 2
     if args.video_task is not None and not args.video:
         print("waddle eval: error: --video-task names the task to film; give --video PATH as well", file=sys.stderr)
         return 2
@@ -137,6 +141,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"waddle eval: error: {path} cannot be evaluated: {str(err).splitlines()[0]}", file=sys.stderr)
         return 1
     command = None if args.command is None else tuple(args.command)
+    if command is not None:
+        outside = outside_trained_range(as_task_library(TASKS[trained.task]()), command)
+        if outside is not None:
+            print(f"waddle eval: warning: --command {outside}", file=sys.stderr)
     names = task_library(env)
     if args.video_task is not None and args.video_task not in names:
         env.close()
@@ -175,19 +183,36 @@ def run(args: argparse.Namespace) -> int:
         print(f"table: {args.csv}")
     if args.video:
         filmed = next(r for r in results if args.video_task in (None, r.task))
-        print(f"video: {args.video} (task {filmed.task}, command {filmed.command[0]:+.2f}, {filmed.command[1]:+.2f})")
+        shown = ", ".join(f"{value:+.2f}" for value in filmed.command)
+        print(f"video: {args.video} (task {filmed.task}, command {shown})")
     return 0
+
+
+def outside_trained_range(tasks: Any, command: Sequence[float]) -> str | None:
+    """A warning when ``command`` lies outside every task's trained box (and yaw-rate range), naming
+    them; ``None`` when a task of the library was trained on it."""
+    values = [*command, 0.0][:3]
+    boxes = []
+    for low, high, yaw in zip(tasks.command_low.tolist(), tasks.command_high.tolist(), tasks.yaw_rate_range.tolist()):
+        inside = all(lo - 1e-6 <= v <= hi + 1e-6 for v, lo, hi in zip(values, [*low, yaw[0]], [*high, yaw[1]]))
+        if inside:
+            return None
+        boxes.append(
+            f"vx [{low[0]:+.2f}, {high[0]:+.2f}], vy [{low[1]:+.2f}, {high[1]:+.2f}], vyaw [{yaw[0]:+.2f}, {yaw[1]:+.2f}]"
+        )
+    shown = " ".join(f"{value:+.2f}" for value in command)
+    return f"{shown} lies outside what the policy trained on ({'; '.join(boxes)}); expect it to do worse"
 
 
 TASK_WIDTH = 22
 HEADER = (
-    f"{'task':<{TASK_WIDTH}} {'command vx,vy':>14} {'survival':>8} {'return':>8} {'forward':>8} {'lateral':>8} "
-    f"{'track err':>9} {'yaw drift':>9} {'p95':>6} {'clearance':>9} {'steps/s':>7} {'at bound':>8} "
+    f"{'task':<{TASK_WIDTH}} {'command vx,vy,vyaw':>18} {'survival':>8} {'return':>8} {'forward':>8} {'lateral':>8} "
+    f"{'track err':>9} {'yaw drift':>9} {'p95':>6} {'yaw rate':>8} {'clearance':>9} {'steps/s':>7} {'at bound':>8} "
     f"{'act chg':>7} {'hop':>6} {'airborne':>8} {'hops/s':>6}"
 )
 UNITS = (
-    f"{'':<{TASK_WIDTH}} {'':>14} {'%':>8} {'':>8} {'m/s':>8} {'m/s':>8} {'m/s':>9} {'deg':>9} {'deg':>6} "
-    f"{'cm':>9} {'Hz':>7} {'%':>8} {'/step':>7} {'cm':>6} {'%':>8} {'Hz':>6}"
+    f"{'':<{TASK_WIDTH}} {'':>18} {'%':>8} {'':>8} {'m/s':>8} {'m/s':>8} {'m/s':>9} {'deg':>9} {'deg':>6} "
+    f"{'rad/s':>8} {'cm':>9} {'Hz':>7} {'%':>8} {'/step':>7} {'cm':>6} {'%':>8} {'Hz':>6}"
 )
 
 
@@ -196,16 +221,16 @@ def format_table(results: Sequence[Any]) -> str:
     the hop columns are filled for the tasks that reward hops and ``-`` elsewhere."""
     rows = [HEADER, UNITS]
     for r in results:
-        command = f"{r.command[0]:+.2f},{r.command[1]:+.2f}"
+        command = ",".join(f"{value:+.2f}" for value in (*r.command, 0.0)[:3])
         task = r.task if r.task is not None else "-"
         if r.hop_task:
             hops = f"{100 * r.hop_height:>6.2f} {100 * r.airborne_fraction:>8.1f} {r.hop_frequency_hz:>6.2f}"
         else:
             hops = f"{'-':>6} {'-':>8} {'-':>6}"
         rows.append(
-            f"{task:<{TASK_WIDTH}} {command:>14} {100 * r.survival:>8.1f} {r.mean_return:>8.2f} "
+            f"{task:<{TASK_WIDTH}} {command:>18} {100 * r.survival:>8.1f} {r.mean_return:>8.2f} "
             f"{r.mean_forward_speed:>8.3f} {r.mean_lateral_speed:>8.3f} {r.velocity_tracking_error:>9.3f} "
-            f"{r.yaw_drift_deg:>9.1f} {r.yaw_drift_p95_deg:>6.1f} {100 * r.foot_clearance:>9.2f} "
+            f"{r.yaw_drift_deg:>9.1f} {r.yaw_drift_p95_deg:>6.1f} {r.mean_yaw_rate:>8.3f} {100 * r.foot_clearance:>9.2f} "
             f"{r.step_frequency_hz:>7.2f} {100 * r.action_saturation:>8.1f} {r.action_change:>7.3f} {hops}"
         )
     return "\n".join(rows)
@@ -216,6 +241,7 @@ CSV_COLUMNS: dict[str, str] = {
     "task_id": "task_id",
     "command_vx": "command[0]",
     "command_vy": "command[1]",
+    "command_vyaw": "command[2]",
     "episodes": "episodes",
     "survival": "survival",
     "episode_return": "mean_return",
@@ -225,6 +251,7 @@ CSV_COLUMNS: dict[str, str] = {
     "tracking_error_mps": "velocity_tracking_error",
     "yaw_drift_deg": "yaw_drift_deg",
     "yaw_drift_p95_deg": "yaw_drift_p95_deg",
+    "yaw_rate_radps": "mean_yaw_rate",
     "foot_clearance_m": "foot_clearance",
     "step_frequency_hz": "step_frequency_hz",
     "action_saturation": "action_saturation",
@@ -243,7 +270,8 @@ def csv_row(result: Any) -> dict[str, Any]:
     row: dict[str, Any] = {}
     for column, figure in CSV_COLUMNS.items():
         if figure.startswith("command["):
-            value = result.command[int(figure[8])] if result.command is not None else ""
+            index = int(figure[8])
+            value = (*result.command, 0.0)[index] if result.command is not None else ""
         else:
             value = getattr(result, figure)
         if column in HOP_COLUMNS and not result.hop_task:

@@ -13,6 +13,7 @@ reads its numbers from the file alone.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,32 @@ STANDING_HEIGHT = 0.12
 MIN_HEIGHT_RATIO = 0.55
 MIN_UPRIGHT = 0.35
 """A trunk under this fraction of the standing height, or tilted past this cosine, has fallen (as in training)."""
+
+
+TWIST_LIMITS: dict[str, float] = {"vx": 0.7, "vy": 0.7, "vyaw": 2.0}
+"""The most the MicroDuck's gamepad runtime commands (m/s, m/s, rad/s) once it scales its sticks: a
+command past these is nothing the robot is ever asked to do."""
+
+
+def command_problem(command: Sequence[float]) -> str | None:
+    """Why ``command`` (the values of ``--command``) is refused, or ``None``: it must be 2 or 3 finite
+    numbers within what the MicroDuck's gamepad ever commands (:data:`TWIST_LIMITS`).
+
+    Example:
+        >>> command_problem([9.0, 0.0])
+        'vx 9 m/s is beyond what the MicroDuck is ever commanded: |vx| <= 0.7 m/s, |vy| <= 0.7 m/s, |vyaw| <= 2 rad/s'
+        >>> command_problem([0.2, 0.0, 0.5]) is None
+        True
+    """
+    values = list(command)
+    if len(values) not in (2, 3) or not all(math.isfinite(value) for value in values):
+        return f"takes VX VY [VYAW], 2 or 3 finite numbers (m/s, m/s, rad/s); got {values}"
+    units = {"vx": "m/s", "vy": "m/s", "vyaw": "rad/s"}
+    limits = ", ".join(f"|{name}| <= {limit:g} {units[name]}" for name, limit in TWIST_LIMITS.items())
+    for (name, limit), value in zip(TWIST_LIMITS.items(), values):
+        if abs(value) > limit:
+            return f"{name} {value:g} {units[name]} is beyond what the MicroDuck is ever commanded: {limits}"
+    return None
 
 
 @dataclass(frozen=True)

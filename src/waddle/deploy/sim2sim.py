@@ -538,10 +538,12 @@ def run(args: argparse.Namespace) -> int:
     for flag, value in (("--episodes", args.episodes), ("--max-steps", args.max_steps)):
         if value < 1:
             return _error(f"{flag} must be >= 1, got {value}")
-    if args.command is not None and (
-        len(args.command) not in (2, 3) or not all(math.isfinite(v) for v in args.command)
-    ):
-        return _error(f"--command takes VX VY [VYAW], 2 or 3 finite numbers (m/s, rad/s); got {args.command}")
+    if args.command is not None:
+        from waddle.deploy.daemon import command_problem
+
+        problem = command_problem(args.command)
+        if problem is not None:
+            return _error(f"--command {problem}")
     if args.sidecar is None:
         try:
             from waddle.deploy.daemon import read_policy_metadata

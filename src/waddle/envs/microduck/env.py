@@ -748,7 +748,10 @@ class MicroDuckEnv(MujocoEnv):
         self._command = torch.where(column, command, self._command)
         self._yaw_rate_command = torch.where(rows, yaw_rate, self._yaw_rate_command)
         if self._twist:
-            self._resample_timer = torch.where(rows, self._resample_interval(episode_task), self._resample_timer)
+            interval = self._resample_interval(episode_task)
+            if tensordict is not None and ("command" in tensordict.keys() or "yaw_rate_command" in tensordict.keys()):
+                interval = torch.full_like(interval, math.inf)  # a pinned command holds for the episode
+            self._resample_timer = torch.where(rows, interval, self._resample_timer)
         self._adopt_episodes()
         self._step_count = torch.where(rows, torch.zeros_like(self._step_count), self._step_count)
         self._previous_action = torch.where(column, torch.zeros_like(self._previous_action), self._previous_action)
@@ -842,7 +845,7 @@ class MicroDuckEnv(MujocoEnv):
         """Each env's twist for a reset: the planar command ``(num_envs, 2)`` and the yaw rate ``(num_envs,)``.
 
         ``command`` and ``yaw_rate_command`` entries of the reset TensorDict pin
-        them (inside the task's box and range); the rest is drawn.
+        them (inside the task's box and range) for the whole episode; the rest is drawn.
         """
         command, yaw_rate = self._draw_twist(episode_task)
         pinned = tensordict is not None and "command" in tensordict.keys()

@@ -92,10 +92,6 @@ SCHEMA_VERSION: int = 1
 METADATA_KEY: str = "microduck"
 """The ONNX ``metadata_props`` key the daemon reads its JSON from."""
 
-TWIST_LIMITS: dict[str, float] = {"vx": 0.7, "vy": 0.7, "vyaw": 2.0}
-"""The most the gamepad runtime commands (m/s, m/s, rad/s) after scaling its sticks: a command beyond
-these is nothing the robot is ever asked to do."""
-
 if len(DEFAULT_JOINT_POS) != NUM_JOINTS or ROBOT_OBSERVATION_DIM != 61:
     raise AssertionError("the robot contract is written for the 14-joint MicroDuck and a 61-float observation.")
 
@@ -132,6 +128,5 @@ __all__ = [
     "ROBOT_FIELDS",
     "ROBOT_OBSERVATION_DIM",
     "SCHEMA_VERSION",
-    "TWIST_LIMITS",
     "robot_metadata",
 ]
