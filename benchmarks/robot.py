@@ -35,7 +35,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from harness import load_line, print_table
-from tensordict import TensorDict
 
 from waddle.algorithms.presets import fixed_command
 from waddle.deploy.daemon import RobotPolicy, parse_policy_file
