@@ -11,6 +11,7 @@ import torch
 from tensordict import TensorDict
 
 from waddle.envs.microduck import MicroDuckEnv, constants
+from waddle.envs.microduck.robot import DEFAULT_JOINT_POS, ROBOT_FIELDS
 from waddle.envs.microduck.sensors import OBSERVATION_FIELDS, SENSOR_FIELDS
 from waddle.envs.microduck.symmetry import JOINT_MIRROR_SIGN, JOINT_TWIN, MIRRORS, SignedPermutation
 
@@ -147,7 +148,7 @@ def test_clock_reflection_is_half_a_gait_cycle_and_swaps_the_gait_prior_legs():
     torch.testing.assert_close(action(stride), -stride)
 
 
-@pytest.mark.parametrize("key", ["observation", "sensor_observation", "action"])
+@pytest.mark.parametrize("key", ["observation", "sensor_observation", "robot_observation", "action"])
 def test_every_mirror_is_an_involution(key):
     values = torch.randn(5, MIRRORS[key].size, generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(MIRRORS[key](MIRRORS[key](values)), values)
@@ -159,3 +160,47 @@ def test_signed_permutation_rejects_bad_input():
         SignedPermutation.from_lists([0, 0], [1.0, 1.0])
     with pytest.raises(ValueError, match="last dimension of 2"):
         SignedPermutation.from_lists([1, 0], [1.0, 1.0])(torch.zeros(3))
+
+
+def test_robot_observations_of_mirrored_states_and_twists_are_mirrored():
+    """As above for the robot's 61 floats: the second env is the reflection of the first, commanded the
+    reflected twist ((vx, vy, vyaw) -> (vx, -vy, -vyaw)) and driven by the reflected action."""
+    env = MicroDuckEnv(
+        num_envs=2,
+        seed=0,
+        tasks=MicroDuckEnv.joystick_task(joint_reset_noise_scale=0.0),
+        action_mode="robot",
+        action_scale=0.7,
+    )
+    twist = TensorDict(
+        command=torch.tensor([[0.2, 0.1], [0.2, -0.1]]),
+        yaw_rate_command=torch.tensor([[0.5], [-0.5]]),
+        batch_size=[2],
+    )
+    env.reset(twist)
+    state = env.get_state()
+    qpos, qvel = state["qpos"].double().numpy(), state["qvel"].double().numpy()
+    rng = np.random.default_rng(1)
+    qpos[0, 7:] += rng.normal(0.0, 0.05, 14)
+    qpos[0, 3:7] = [0.995, 0.04, 0.03, 0.08]
+    qpos[0, 3:7] /= np.linalg.norm(qpos[0, 3:7])
+    qvel[0] = rng.normal(0.0, 0.3, qvel.shape[1])
+    qpos[1], qvel[1] = mirror_qpos(qpos[0]), mirror_qvel(qvel[0])
+    dtype = state["qpos"].dtype
+    env.physics.reset(torch.tensor(qpos, dtype=dtype), torch.tensor(qvel, dtype=dtype), torch.tensor([True, True]))
+    action = torch.rand(14, generator=torch.Generator().manual_seed(2), dtype=torch.float64) * 0.6 - 0.3
+    actions = torch.stack([action, MIRRORS["action"](action)]).to(env.dtype)
+    out = env.step(TensorDict(action=actions, batch_size=[2]))["next"]["robot_observation"].double()
+
+    reflected = MIRRORS["robot_observation"](out[0])
+    twist_field = ROBOT_FIELDS["command"].indices
+    torch.testing.assert_close(out[0][twist_field], torch.tensor([0.2, 0.1, 0.5], dtype=torch.float64))
+    for name, field in ROBOT_FIELDS.items():
+        atol = 0.03 if name in ("base_ang_vel", "joint_vel") else 3e-3
+        torch.testing.assert_close(out[1][field.indices], reflected[field.indices], atol=atol, rtol=0, msg=name)
+    env.close()
+
+
+def test_the_robot_default_pose_is_its_own_mirror():
+    pose = torch.tensor(DEFAULT_JOINT_POS, dtype=torch.float64)
+    torch.testing.assert_close(MIRRORS["action"](pose), pose)
