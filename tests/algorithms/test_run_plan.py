@@ -84,7 +84,11 @@ def test_a_flag_wins_over_the_recipe(recipe_task):
 def test_the_joystick_recipe_trains_what_the_robot_runs_unless_a_flag_says_otherwise():
     plan = resolve_run({"task": "joystick"}, machine=TWO_CORES)
     assert (plan.run.randomization, plan.run.action_mode, plan.run.action_scale) == ("upstream", "robot", 0.7)
-    assert (plan.run.max_episode_steps, plan.run.total_steps) == (1000, 20_000_000)
+    assert (plan.run.max_episode_steps, plan.run.total_steps) == (1000, 12_000_000)
+    assert plan.run.gait_prior_fade_steps == 6_000_000 and plan.policy_env_options["gait_prior_scale"] == 1.0
+    # A checkpoint past the fade evaluates, exports and films with none of the prior left.
+    done = dataclasses.replace(plan, env_steps=9_000_000)
+    assert done.gait_prior_scale == 0.0 and dataclasses.replace(plan, env_steps=3_000_000).gait_prior_scale == 0.5
     assert (plan.algorithm.actor_observation, plan.algorithm.mirror_loss_coef) == ("robot", 0.3)
     assert plan.training_env_options()["action_mode"] == "robot"
     plan = resolve_run({"task": "joystick", "randomization": "none", "actor_observation": "full"}, machine=TWO_CORES)
