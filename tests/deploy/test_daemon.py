@@ -4,9 +4,6 @@ the env's action law, and the file waddle export writes is what the daemon check
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +11,7 @@ import onnx
 import onnxruntime
 import pytest
 import torch
+from helpers.torch_free import run_without_torch
 
 from waddle.cli.main import main
 from waddle.deploy.contract import SidecarError
@@ -173,21 +171,11 @@ def test_the_daemon_law_is_home_plus_scale_times_action_at_the_servos_stops(expo
 
 def test_sim2sim_drives_the_file_alone_without_torch(exported):
     _, path = exported
-    script = textwrap.dedent(
+    done = run_without_torch(
         f"""
-        import sys
-        for name in ("torch", "waddle.envs", "tensordict", "torchrl"):
-            sys.modules[name] = None
         from waddle.deploy.sim2sim import main
         raise SystemExit(main([{str(path)!r}, "--episodes", "2", "--max-steps", "5", "--command", "0.1", "0", "0.3"]))
         """
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"},
     )
     assert done.returncode == 0, done.stderr
     assert "as the MicroDuck daemon runs it" in done.stdout

@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import mujoco
 import numpy as np
 import pytest
 import torch
+from helpers.torch_free import run_without_torch
 
 from waddle.deploy.contract import SidecarError, parse_sidecar, read_sidecar
 from waddle.deploy.sidecar import build_sidecar, write_sidecar
@@ -69,24 +67,14 @@ def deployed(tmp_path_factory):
 
 
 def test_the_runner_imports_and_runs_with_torch_and_waddle_envs_blocked(deployed):
-    script = textwrap.dedent(
+    done = run_without_torch(
         f"""
-        import sys
-        for name in ("torch", "waddle.envs", "tensordict", "torchrl"):
-            sys.modules[name] = None  # any import of them now raises ImportError
         from waddle.deploy.sim2sim import main
         code = main([{str(deployed / "policy.onnx")!r}, "--episodes", "2", "--max-steps", "5"])
         heavy = [m for m in sys.modules if m.split(".")[0] in ("torch", "tensordict", "torchrl") and sys.modules[m]]
         assert not heavy, heavy
         raise SystemExit(code)
         """
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"},
     )
     assert done.returncode == 0, done.stderr
     assert "2 episodes of at most 5 steps" in done.stdout and "survival" in done.stdout

@@ -216,19 +216,7 @@ class DaemonLoop:
         under the twist ``command`` ``(vx, vy[, vyaw])``; return the first observation. ``qpos`` and
         ``qvel`` (full MuJoCo vectors) replace that state."""
         spec, robot = self.spec, self.robot
-        model, data = robot.model, robot.data
-        mujoco.mj_resetData(model, data)
-        if qpos is None:
-            qpos = model.qpos0.copy()
-            qpos[robot.free_qpos : robot.free_qpos + 7] = [0.0, 0.0, STANDING_HEIGHT, 1.0, 0.0, 0.0, 0.0]
-            joints = spec.default_joint_pos.copy()
-            if rng is not None:
-                joints += 0.02 * rng.uniform(-1.0, 1.0, spec.num_joints)
-            qpos[robot.qpos_addresses] = joints
-        data.qpos[:] = qpos
-        data.qvel[:] = 0.0 if qvel is None else qvel
-        data.ctrl[robot.actuators] = spec.default_joint_pos
-        mujoco.mj_forward(model, data)
+        robot.place(spec.default_joint_pos, STANDING_HEIGHT, jitter=0.02, qpos=qpos, qvel=qvel, rng=rng)
         self.command = twist(command)
         self.previous_action = np.zeros(spec.num_joints)
         self._last_velocity = robot.joint_velocities()

@@ -126,6 +126,34 @@ class MujocoMicroDuck:
         ranges = model.jnt_range[joint_ids]
         self._limited, self._ranges = limited, ranges
 
+    def place(
+        self,
+        pose: np.ndarray,
+        trunk_height: float,
+        *,
+        jitter: float = 0.0,
+        ctrl: np.ndarray | None = None,
+        qpos: np.ndarray | None = None,
+        qvel: np.ndarray | None = None,
+        rng: np.random.Generator | None = None,
+    ) -> None:
+        """Stand the robot at rest, its trunk level at ``trunk_height`` and its joints in ``pose`` (jittered
+        uniformly by ``jitter`` rad when ``rng`` is given), the servos holding ``ctrl`` (default ``pose``);
+        ``qpos`` and ``qvel`` (full MuJoCo vectors) replace that state."""
+        model, data = self.model, self.data
+        mujoco.mj_resetData(model, data)
+        if qpos is None:
+            qpos = model.qpos0.copy()
+            qpos[self.free_qpos : self.free_qpos + 7] = [0.0, 0.0, trunk_height, 1.0, 0.0, 0.0, 0.0]
+            joints = np.array(pose, dtype=np.float64)
+            if rng is not None:
+                joints += jitter * rng.uniform(-1.0, 1.0, joints.size)
+            qpos[self.qpos_addresses] = joints
+        data.qpos[:] = qpos
+        data.qvel[:] = 0.0 if qvel is None else qvel
+        data.ctrl[self.actuators] = pose if ctrl is None else ctrl
+        mujoco.mj_forward(model, data)
+
     def servo_limits(self, default: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The servo targets the joints can take, joint order: each joint's range, or half a turn either
         way from ``default`` for a joint without one."""
@@ -278,19 +306,15 @@ class Sim2Sim:
         ``qpos`` and ``qvel`` (full MuJoCo vectors) replace that state.
         """
         sidecar, robot = self.sidecar, self.robot
-        model, data = robot.model, robot.data
-        mujoco.mj_resetData(model, data)
-        if qpos is None:
-            qpos = model.qpos0.copy()
-            qpos[robot.free_qpos : robot.free_qpos + 7] = [0.0, 0.0, sidecar.trunk_height, 1.0, 0.0, 0.0, 0.0]
-            joints = sidecar.stand_qpos.copy()
-            if rng is not None:
-                joints += self.task.joint_reset_noise * rng.uniform(-1.0, 1.0, sidecar.num_joints)
-            qpos[robot.qpos_addresses] = joints
-        data.qpos[:] = qpos
-        data.qvel[:] = 0.0 if qvel is None else qvel
-        data.ctrl[robot.actuators] = sidecar.stand_ctrl
-        mujoco.mj_forward(model, data)
+        robot.place(
+            sidecar.stand_qpos,
+            sidecar.trunk_height,
+            jitter=self.task.joint_reset_noise,
+            ctrl=sidecar.stand_ctrl,
+            qpos=qpos,
+            qvel=qvel,
+            rng=rng,
+        )
         self.command = np.asarray(self.task.default_command if command is None else command, dtype=np.float64)
         self.clock = GaitClock.for_task(sidecar, self.task, self.command)
         self.step_count = 0

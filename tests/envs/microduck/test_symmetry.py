@@ -92,12 +92,8 @@ def test_mujoco_maps_a_mirrored_state_and_control_to_the_mirrored_state(model):
     assert np.abs(mirror_qvel(after_qvel) - wrong_qvel).max() > 0.1 * velocity_change
 
 
-@pytest.mark.parametrize("key", ["observation", "sensor_observation"])
-def test_env_observations_of_mirrored_states_are_mirrored(key):
-    """Two envs, the second set to the reflection of the first and driven by the reflected action:
-    every observed value but the gait clock (the same step count in both) is the reflection."""
-    env = MicroDuckEnv(num_envs=2, seed=0, tasks=MicroDuckEnv.standing_task(joint_reset_noise_scale=0.0))
-    env.reset()
+def set_mirrored_states(env: MicroDuckEnv) -> None:
+    """Put env 0 of two in a tilted, moving state off its reset pose and env 1 in its reflection."""
     state = env.get_state()
     qpos, qvel = state["qpos"].double().numpy(), state["qvel"].double().numpy()
     rng = np.random.default_rng(1)
@@ -108,6 +104,15 @@ def test_env_observations_of_mirrored_states_are_mirrored(key):
     qpos[1], qvel[1] = mirror_qpos(qpos[0]), mirror_qvel(qvel[0])
     dtype = state["qpos"].dtype
     env.physics.reset(torch.tensor(qpos, dtype=dtype), torch.tensor(qvel, dtype=dtype), torch.tensor([True, True]))
+
+
+@pytest.mark.parametrize("key", ["observation", "sensor_observation"])
+def test_env_observations_of_mirrored_states_are_mirrored(key):
+    """Two envs, the second set to the reflection of the first and driven by the reflected action:
+    every observed value but the gait clock (the same step count in both) is the reflection."""
+    env = MicroDuckEnv(num_envs=2, seed=0, tasks=MicroDuckEnv.standing_task(joint_reset_noise_scale=0.0))
+    env.reset()
+    set_mirrored_states(env)
     action = torch.rand(14, generator=torch.Generator().manual_seed(2), dtype=torch.float64) * 2 - 1
     actions = torch.stack([action, MIRRORS["action"](action)]).to(env.dtype)
     out = env.step(TensorDict(action=actions, batch_size=[2]))["next"][key].double()
@@ -178,16 +183,7 @@ def test_robot_observations_of_mirrored_states_and_twists_are_mirrored():
         batch_size=[2],
     )
     env.reset(twist)
-    state = env.get_state()
-    qpos, qvel = state["qpos"].double().numpy(), state["qvel"].double().numpy()
-    rng = np.random.default_rng(1)
-    qpos[0, 7:] += rng.normal(0.0, 0.05, 14)
-    qpos[0, 3:7] = [0.995, 0.04, 0.03, 0.08]
-    qpos[0, 3:7] /= np.linalg.norm(qpos[0, 3:7])
-    qvel[0] = rng.normal(0.0, 0.3, qvel.shape[1])
-    qpos[1], qvel[1] = mirror_qpos(qpos[0]), mirror_qvel(qvel[0])
-    dtype = state["qpos"].dtype
-    env.physics.reset(torch.tensor(qpos, dtype=dtype), torch.tensor(qvel, dtype=dtype), torch.tensor([True, True]))
+    set_mirrored_states(env)
     action = torch.rand(14, generator=torch.Generator().manual_seed(2), dtype=torch.float64) * 0.6 - 0.3
     actions = torch.stack([action, MIRRORS["action"](action)]).to(env.dtype)
     out = env.step(TensorDict(action=actions, batch_size=[2]))["next"]["robot_observation"].double()
