@@ -180,17 +180,26 @@ def test_eval_prints_one_row_per_command(trained, capsys):
     for label in ("survival", "forward", "lateral", "yaw drift", "clearance", "steps/s"):
         assert label in out
     rows = _table_rows(out)
-    assert [row[:2] for row in rows] == [["standing", "+0.00,+0.00"]]  # the standing task's one command
+    assert [row[:2] for row in rows] == [["standing", "+0.00,+0.00,+0.00"]]  # the standing task's one command
     assert 0.0 <= float(rows[0][2]) <= 100.0
     assert rows[0][-3:] == ["-", "-", "-"]  # standing does not hop
     assert main(["eval", str(trained), "--episodes", "2", "--max-steps", "30", "--command", "0.1", "-0.05"]) == 0
     rows = _table_rows(capsys.readouterr().out)
-    assert [row[:2] for row in rows] == [["standing", "+0.10,-0.05"]]
+    assert [row[:2] for row in rows] == [["standing", "+0.10,-0.05,+0.00"]]
 
 
 def test_eval_refuses_a_non_finite_command(trained, capsys):
     assert main(["eval", str(trained), "--command", "nan", "0"]) == 2
-    assert "--command must be two finite speeds" in capsys.readouterr().err
+    assert "--command takes VX VY [VYAW], 2 or 3 finite numbers" in capsys.readouterr().err
+
+
+def test_eval_refuses_a_command_no_robot_does_and_warns_outside_the_trained_range(trained, capsys):
+    assert main(["eval", str(trained), "--command", "9", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "vx 9 m/s is beyond what the MicroDuck is ever commanded" in err and "|vx| <= 0.7 m/s" in err
+    assert main(["eval", str(trained), "--episodes", "2", "--max-steps", "5", "--command", "0.1", "0", "0.3"]) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and "outside what the policy trained on (vx [+0.00, +0.00]" in warnings[0]
 
 
 @pytest.mark.rendering
@@ -553,10 +562,10 @@ def test_eval_runs_every_task_and_writes_the_csv(trained_mix, tmp_path, capsys):
     assert main(argv) == 0
     rows = _table_rows(capsys.readouterr().out)
     assert [row[:2] for row in rows] == [
-        ["standing", "+0.00,+0.00"],
-        ["tracking+0.20", "+0.20,+0.00"],
-        ["sidestep+0.15", "+0.00,+0.15"],
-        ["jump", "+0.00,+0.00"],
+        ["standing", "+0.00,+0.00,+0.00"],
+        ["tracking+0.20", "+0.20,+0.00,+0.00"],
+        ["sidestep+0.15", "+0.00,+0.15,+0.00"],
+        ["jump", "+0.00,+0.00,+0.00"],
     ]
     assert [row[-3:] == ["-", "-", "-"] for row in rows] == [True, True, True, False]  # hop figures: jump only
     table = read_rows(path)
@@ -567,7 +576,7 @@ def test_eval_runs_every_task_and_writes_the_csv(trained_mix, tmp_path, capsys):
         assert int(written["episodes"]) == 2
     assert main(["eval", str(trained_mix), "--episodes", "2", "--max-steps", "10", "--command", "0", "0"]) == 0
     rows = _table_rows(capsys.readouterr().out)
-    assert [row[1] for row in rows] == ["+0.00,+0.00"] * 4  # the one command, in every task
+    assert [row[1] for row in rows] == ["+0.00,+0.00,+0.00"] * 4  # the one command, in every task
 
 
 def test_eval_video_task_must_name_a_task_of_the_library_and_come_with_video(trained_mix, tmp_path, capsys):
