@@ -27,7 +27,7 @@ and :func:`reward_term_means`.
 When the env's task library holds several tasks, the actor and the critic
 each read ``"task_id"`` through their own embedding (``task_embedding_dim``
 wide) appended to the normalised observation; with one task they read the
-observation only, as before. The library's task names are saved with the
+observation alone. The library's task names are saved with the
 state and a state saved for another library is refused on load.
 
 The actor reads ``"observation"`` (``actor_observation="full"``, the default)
@@ -787,7 +787,7 @@ class PPO:
         self._next_batch = next_batch
         self.env_steps += next_batch.numel()
         waited = time.perf_counter() - learned
-        # The update's time as before; the rollout's is what the update did not hide.
+        # The update's time is its own; the rollout's is what the update did not hide.
         return batch, stats, learn_start - start + waited, learned - learn_start
 
     # ------------------------------------------------------------------

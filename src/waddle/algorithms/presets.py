@@ -412,8 +412,7 @@ RANDOMIZATIONS: tuple[str, ...] = tuple(RANDOMIZATION_PRESETS)
 def training_randomization(name: str, push_scale: float = 1.0) -> str | MicroDuckRandomization:
     """What a training env draws: the preset ``name``, its pushes ``push_scale`` times as hard.
 
-    A scale of 1 gives the name itself, so such a run builds exactly the env
-    it built before the option existed.
+    A scale of 1 gives the name itself: the preset's own pushes.
 
     Raises:
         ValueError: ``name`` is not a preset, ``push_scale`` is not a finite

@@ -138,8 +138,8 @@ class MicroDuckEnv(MujocoEnv):
         low_cost_collisions: replace collision meshes by fitted boxes at load.
         max_episode_steps: truncation horizon, at least 1.
         randomization: a :class:`~waddle.envs.microduck.randomization.MicroDuckRandomization`,
-            a preset name (``"none"``, the default: the idealized robot of
-            earlier releases, bit for bit; ``"upstream"``: the microduck_rl
+            a preset name (``"none"``, the default: the idealized robot, nothing
+            drawn; ``"upstream"``: the microduck_rl
             training's ranges) or a mapping of ranges over ``"none"``. Model
             parameters need ``backend="mujoco"`` or ``backend="mjx"`` without
             ``requires_grad``.

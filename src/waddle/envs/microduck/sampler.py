@@ -208,7 +208,7 @@ def _check_weights(weights: torch.Tensor, argument: str) -> None:
 
 
 class _SeedForwarder:
-    """Stands in for an env's ``set_seed``: seeds the env as before, then the sampler.
+    """Stands in for an env's ``set_seed``: seeds the env with its own ``set_seed``, then the sampler.
 
     It holds the env and the sampler as plain attributes, so a deep copy of
     the env forwards to the copied sampler.
