@@ -140,7 +140,8 @@ def train(run: Path, seed: int, minutes: float, extra: list[str]) -> float:
     command += extra
     print("$ waddle " + " ".join(command[3:]), flush=True)
     started = time.perf_counter()
-    process = subprocess.Popen(command)
+    # A shell's background job starts with SIGINT ignored; the run gets it back to be stopped with it.
+    process = subprocess.Popen(command, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         process.wait(timeout=60.0 * minutes)
     except subprocess.TimeoutExpired:
