@@ -123,7 +123,7 @@ def drive(policy_path: Path, scenario: Scenario, *, episodes: int, steps: int, s
     env.close()
     survived = alive
     seconds = lengths[survived].double() * env.control_dt
-    mean = velocity_sum[survived] / (seconds / env.control_dt).unsqueeze(-1) if survived.any() else None
+    mean = velocity_sum[survived] / lengths[survived].double().unsqueeze(-1) if survived.any() else None
     nan = math.nan
     return {
         "survival_%": 100.0 * float(survived.float().mean()),
