@@ -75,6 +75,7 @@ from waddle.algorithms.task_library import (
 )
 from waddle.collectors.rollout import RolloutCollector
 from waddle.modules.networks import (
+    HEADING_ERROR_KEY,
     LOG_STD_BOUNDS,
     OBSERVATION_KEY,
     ROBOT_OBSERVATION_KEY,
@@ -234,11 +235,17 @@ _DESCRIPTIONS = {
 
 
 def critic_keys(env: EnvBase, actor_key: str = OBSERVATION_KEY) -> list[str | tuple[str, str]]:
-    """The entries the critic reads, in order: ``"observation"``, the robot observation when the actor
-    reads it, then each ``("randomization", name)`` the env reports (none when it reports no randomization)."""
+    """The entries the critic reads, in order: ``"observation"``, the robot observation and the heading
+    error when the actor reads the robot observation, then each ``("randomization", name)`` the env reports
+    (none when it reports no randomization).
+
+    A robot actor cannot see its heading, so the critic is told it: without it the
+    return of ``heading_hold`` is noise to the value function."""
     keys: list[str | tuple[str, str]] = [OBSERVATION_KEY]
     if actor_key == ROBOT_OBSERVATION_KEY:
         keys.append(ROBOT_OBSERVATION_KEY)
+        if HEADING_ERROR_KEY in env.observation_spec.keys():
+            keys.append(HEADING_ERROR_KEY)
     values = env.observation_spec.get(RANDOMIZATION_KEY, None)
     if values is not None:
         keys += [(RANDOMIZATION_KEY, name) for name in values.keys()]

@@ -39,6 +39,9 @@ SENSOR_OBSERVATION_KEY = "sensor_observation"
 ROBOT_OBSERVATION_KEY = "robot_observation"
 """The entry holding what the robot measures on board (an actor trained for deployment reads it)."""
 
+HEADING_ERROR_KEY = "heading_error"
+"""The entry holding the trunk's yaw off its commanded heading: the critic of a robot actor reads it."""
+
 LOG_STD_BOUNDS = (-5.0, 1.0)
 """The log standard deviation is clamped to this range before use."""
 

@@ -48,6 +48,7 @@ BUILT_IN_TERMS = {
     "jump_height": (0.0, True),
     "heading_hold": (0.0, True),
     "termination": (-4.0, False),
+    "stride_yaw_rate": (0.0, True),
 }
 
 BUILT_IN_PARAMS = {
@@ -60,6 +61,7 @@ BUILT_IN_PARAMS = {
     "jump_height_scale": 0.03,
     "jump_target_height": 0.005,
     "launch_velocity_scale": 0.5,
+    "stride_yaw_rate_std": 0.15,
     "pose_std": 0.5,
     "progress_off_axis_std": 0.0,
     "progress_overspeed": 0.0,
@@ -226,6 +228,19 @@ def test_yaw_rate():
     features = make_features(2, angular_velocity=[[0.0, 0.0, 0.5], [3.0, 3.0, 0.0]])
     # exp(-0.5^2 / 0.5) = exp(-0.5); roll and pitch rates are ignored: exp(0) = 1
     assert_values(term("yaw_rate", features), [math.exp(-0.5), 1.0])
+
+
+def test_stride_yaw_rate_reads_the_tracked_yaw_rate_against_the_command():
+    features = make_features(3, angular_velocity=[[0.0, 0.0, 2.0]] * 3)
+    features["tracked_yaw_rate"] = torch.tensor([0.0, 0.15, -0.3])
+    features["yaw_rate_command"] = torch.tensor([0.0, 0.0, 0.0])
+    # exp(-e^2 / 0.15^2) of the stride's yaw rate: the instantaneous 2 rad/s twist is not read.
+    assert_values(term("stride_yaw_rate", features), [1.0, math.exp(-1.0), math.exp(-4.0)])
+    features["yaw_rate_command"] = torch.tensor([0.5, 0.15, -0.3])
+    assert_values(term("stride_yaw_rate", features), [math.exp(-((0.5 / 0.15) ** 2)), 1.0, 1.0])
+    # Without the entry the term falls back to the instantaneous yaw rate: 2 rad/s off a zero command.
+    del features["tracked_yaw_rate"], features["yaw_rate_command"]
+    assert_values(term("stride_yaw_rate", features, stride_yaw_rate_std=2.0), [math.exp(-1.0)] * 3)
 
 
 def test_upright():

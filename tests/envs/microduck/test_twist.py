@@ -84,6 +84,38 @@ def test_the_commanded_heading_turns_at_the_yaw_rate_command():
     env.close()
 
 
+def test_the_stride_yaw_rate_is_the_headings_change_over_the_tracking_window():
+    env = joystick_env(3)
+    td = env.reset(pinned(3, (0.2, 0.0), 0.5))
+    window = env._window_steps.clone()
+    assert (window > 5).all()  # a gait cycle is longer than the 25 steps below only if this holds
+    generator = torch.Generator().manual_seed(0)
+    headings = [env.heading().clone()]
+    for step in range(1, 26):
+        action = torch.rand(3, 14, generator=generator) * 2.0 - 1.0
+        td = env.step(td.set("action", action))["next"]
+        headings.append(env.heading().clone())
+        # Unwrapped by hand: each step's turn is small, so the wrapped difference is the turn.
+        turns = torch.stack([torch.atan2((b - a).sin(), (b - a).cos()) for a, b in zip(headings, headings[1:])])
+        span = torch.minimum(window, torch.tensor(step))
+        expected = torch.stack([turns[step - int(k) : step, i].sum() for i, k in enumerate(span)]) / (span * 0.02)
+        torch.testing.assert_close(env._tracked_yaw_rate, expected, atol=1e-4, rtol=1e-4)
+        target = headings[0] + 0.5 * 0.02 * step
+        error = torch.atan2((headings[-1] - target).sin(), (headings[-1] - target).cos())
+        torch.testing.assert_close(td["heading_error"].squeeze(-1), error, atol=1e-5, rtol=0)
+    assert env._tracked_yaw_rate.abs().max() > 0.05  # the random actions turned the trunk
+    env.close()
+
+
+def test_the_critic_of_a_robot_actor_reads_the_heading_error():
+    from waddle.algorithms.ppo import critic_keys
+
+    env = joystick_env(2)
+    assert critic_keys(env, "robot_observation") == ["observation", "robot_observation", "heading_error"]
+    assert critic_keys(env, "observation") == ["observation"]
+    env.close()
+
+
 @pytest.mark.parametrize(
     "entry, value, message",
     [

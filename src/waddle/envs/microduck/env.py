@@ -46,7 +46,9 @@ env's :class:`~waddle.envs.microduck.randomization.MicroDuckRandomization`.
 daemon feeds its policy: gyro, gravity, joints from the default pose, joint
 velocities one control step old, the previous raw action and the twist, with
 the same sensor effects. ``"observation"`` stays noise-free ground truth (a
-critic's input), and a randomized env reports each env's drawn values under
+critic's input), as does ``"heading_error"``, the trunk's yaw off the heading
+its commands integrate to (what ``heading_hold`` pays for and no sensor
+of the robot measures); a randomized env reports each env's drawn values under
 ``("randomization", <name>)``.
 """
 
@@ -377,7 +379,7 @@ class MicroDuckEnv(MujocoEnv):
         self._target_heading = zeros(n)
 
     def _allocate_tracking_window(self) -> None:
-        """A ring of the trunk's last floor positions, as long as the library's longest tracking window.
+        """A ring of the trunk's last floor positions and headings, as long as the library's longest tracking window.
 
         Tasks with ``tracking_window_cycles > 0`` track the velocity averaged over
         that many gait cycles; the clock is slowest at zero command, which bounds
@@ -388,11 +390,14 @@ class MicroDuckEnv(MujocoEnv):
         self._floor_positions = None
         if bool((cycles > 0).any()):
             slots = int(longest) + 1
-            self._floor_positions = torch.zeros(self.num_envs, slots, 2, dtype=self.dtype, device=self.device)
+            # x, y and the heading unwrapped (turns accumulate past +-pi).
+            self._floor_positions = torch.zeros(self.num_envs, slots, 3, dtype=self.dtype, device=self.device)
             self._ring_slots = torch.arange(slots, device=self.device)
             self._env_index = torch.arange(self.num_envs, device=self.device)
         self._ring_slot = 0
         self._tracked_velocity = torch.zeros(self.num_envs, 2, dtype=self.dtype, device=self.device)
+        self._tracked_yaw_rate = torch.zeros(self.num_envs, dtype=self.dtype, device=self.device)
+        self._unwrapped_heading = torch.zeros(self.num_envs, dtype=self.dtype, device=self.device)
 
     def _allocate_randomization_state(self) -> None:
         config, n = self.randomization, self.num_envs
@@ -456,6 +461,7 @@ class MicroDuckEnv(MujocoEnv):
             "robot_observation": Unbounded(shape=(n, self.ROBOT_OBSERVATION_DIM), dtype=self.dtype, device=self.device),
             "command": command_spec.clone(),
             "yaw_rate_command": yaw_rate_spec.clone(),
+            "heading_error": Unbounded(shape=(n, 1), dtype=self.dtype, device=self.device),
             "task_id": task_id_spec.clone(),
         }
         if self.from_pixels:
@@ -507,6 +513,8 @@ class MicroDuckEnv(MujocoEnv):
         self._previous_action = self._previous_action.detach()
         self._foot_heights = self._foot_heights.detach()
         self._tracked_velocity = self._tracked_velocity.detach()
+        self._tracked_yaw_rate = self._tracked_yaw_rate.detach()
+        self._unwrapped_heading = self._unwrapped_heading.detach()
         if self._floor_positions is not None:
             self._floor_positions = self._floor_positions.detach()
         self._sensor = self._sensor.detach()
@@ -762,8 +770,11 @@ class MicroDuckEnv(MujocoEnv):
         state = self._read_state(self.physics.qpos, self.physics.qvel)
         self._target_heading = torch.where(rows, state["heading"].detach(), self._target_heading)
         self._tracked_velocity = torch.where(column, torch.zeros_like(self._tracked_velocity), self._tracked_velocity)
+        self._tracked_yaw_rate = torch.where(rows, torch.zeros_like(self._tracked_yaw_rate), self._tracked_yaw_rate)
+        self._unwrapped_heading = torch.where(rows, state["heading"].detach(), self._unwrapped_heading)
         if self._floor_positions is not None:
-            floor = state["qpos"][:, :2].unsqueeze(1).expand_as(self._floor_positions)
+            here = torch.cat([state["qpos"][:, :2], self._unwrapped_heading.unsqueeze(-1)], dim=-1)
+            floor = here.unsqueeze(1).expand_as(self._floor_positions)
             self._floor_positions = torch.where(rows.view(-1, 1, 1), floor, self._floor_positions)
 
         out = self._observation_dict(state, reset_rows=rows)
@@ -1063,28 +1074,35 @@ class MicroDuckEnv(MujocoEnv):
         self._foot_heights = torch.where(nonfinite.unsqueeze(-1), torch.zeros_like(heights), heights)
 
     def _advance_tracking_window(self, state: dict[str, torch.Tensor]) -> None:
-        """Record the trunk's floor position and update the velocity each env's command is tracked against.
+        """Record the trunk's floor position and heading, and update the velocity and yaw rate each env's
+        command is tracked against.
 
-        An env with a tracking window gets its floor displacement over the last
-        ``min(window, steps since reset)`` steps, per second, in its heading frame:
-        the stride's average, without the sway and surge inside a gait cycle.
-        Others get the instantaneous body velocity.
+        An env with a tracking window gets its floor displacement and heading change
+        over the last ``min(window, steps since reset)`` steps, per second, the
+        displacement in its heading frame: the stride's average, without the sway,
+        surge and twist inside a gait cycle. Others get the instantaneous body velocity
+        and yaw rate.
         """
+        self._unwrapped_heading = self._unwrapped_heading + wrap_angle(state["heading"] - self._unwrapped_heading)
         if self._floor_positions is None:
+            self._tracked_yaw_rate = state["qvel"][:, 5]
             return
         slots = self._floor_positions.shape[1]
         self._ring_slot = (self._ring_slot + 1) % slots
-        floor = state["qpos"][:, :2].to(self.dtype)
+        floor = torch.cat([state["qpos"][:, :2].to(self.dtype), self._unwrapped_heading.unsqueeze(-1)], dim=-1)
         here = self._ring_slots[self._ring_slot : self._ring_slot + 1]
         positions = self._floor_positions.index_copy(1, here, floor.unsqueeze(1))
         span = torch.minimum(self._window_steps, self._step_count).clamp_min(1)
         earlier = positions[self._env_index, (self._ring_slot - span) % slots]
-        world = (floor - earlier) / (span.to(self.dtype) * self.control_dt).unsqueeze(-1)
+        change = (floor - earlier) / (span.to(self.dtype) * self.control_dt).unsqueeze(-1)
+        world = change[:, :2]
         yaw = state["heading"]
         cos, sin = yaw.cos(), yaw.sin()
         averaged = torch.stack([cos * world[:, 0] + sin * world[:, 1], cos * world[:, 1] - sin * world[:, 0]], dim=-1)
         instantaneous = state["body_velocity"][:, :2]
-        self._tracked_velocity = torch.where((self._window_steps > 0).unsqueeze(-1), averaged, instantaneous)
+        windowed = self._window_steps > 0
+        self._tracked_velocity = torch.where(windowed.unsqueeze(-1), averaged, instantaneous)
+        self._tracked_yaw_rate = torch.where(windowed, change[:, 2], state["qvel"][:, 5])
         self._floor_positions = positions
 
     def reward_features(self, state: Mapping[str, torch.Tensor], action: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -1121,6 +1139,7 @@ class MicroDuckEnv(MujocoEnv):
             "tracked_velocity": state["body_velocity"][:, :2]
             if self._floor_positions is None
             else self._tracked_velocity,
+            "tracked_yaw_rate": self._tracked_yaw_rate,
             "fallen": self._fallen(state),
         }
 
@@ -1134,6 +1153,7 @@ class MicroDuckEnv(MujocoEnv):
             "robot_observation": self._robot_observation(readings, state, reset_rows),
             "command": self._command.clone(),
             "yaw_rate_command": self._yaw_rate_command.unsqueeze(-1).clone(),
+            "heading_error": wrap_angle(state["heading"] - self._target_heading).unsqueeze(-1),
             "task_id": self._task_id.unsqueeze(-1).clone(),
         }
         if self.randomization.active:

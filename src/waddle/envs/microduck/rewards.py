@@ -32,6 +32,9 @@ key                       shape       meaning
 ``tracked_velocity``      ``(N, 2)``  planar velocity the command is tracked against: the body
                                       velocity's ``(vx, vy)``, or its average over the task's
                                       tracking window (``tracking_window_cycles``)
+``tracked_yaw_rate``      ``(N,)``    yaw rate the yaw command is tracked against over a stride: the
+                                      heading's change over the tracking window per second, or the
+                                      body's instantaneous yaw rate (optional)
 ``fallen``                ``(N,)``    bool, the trunk fell this step
 ========================  ==========  ==========================================
 
@@ -649,3 +652,17 @@ def heading_hold(features: Features, params: Features) -> torch.Tensor:
 def termination(features: Features, params: Features) -> torch.Tensor:
     """1 on the step the trunk falls (a one-off penalty, not scaled by the control period)."""
     return features["fallen"].to(features["upright"].dtype)
+
+
+@register_reward("stride_yaw_rate", weight=0.0, stride_yaw_rate_std=0.15)
+def stride_yaw_rate(features: Features, params: Features) -> torch.Tensor:
+    """Gaussian of the ``tracked_yaw_rate``'s error from the ``yaw_rate_command``.
+
+    The heading's change over a stride leaves out the twist every step puts
+    into the trunk, so the kernel can be narrow enough to see a slow, steady
+    turn away from the command: the drift off a straight line.
+    """
+    value = features.get("tracked_yaw_rate", None)
+    measured = features["angular_velocity"][..., 2] if value is None else value
+    error = measured - yaw_rate_command(features)
+    return torch.exp(-error.square() / params["stride_yaw_rate_std"].square())

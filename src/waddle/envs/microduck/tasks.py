@@ -455,14 +455,17 @@ JOYSTICK_REWARD_WEIGHTS: dict[str, float] = {
     "single_support": 2.0,
     "swing_lift": 2.0,
     "yaw_rate": 2.0,
-    "heading_hold": 1.0,
+    "stride_yaw_rate": 2.0,
+    "heading_hold": 2.0,
     "pose": 0.5,
 }
 """Weights the joystick preset sets over the registered defaults. The clock-free stepping terms pay for
 steps while the twist asks to move, by how much of the twist the robot does (``step_air_time``,
 ``single_support``, ``swing_lift``); the clock's own terms (``phase_contact``, ``swing_height``) pay for
 stepping in time with the clock, the beat the joystick recipe's fading gait prior lifts the legs to;
-the yaw rate is tracked, and ``heading_hold`` keeps the heading the yaw command integrates to."""
+the yaw rate is tracked at each step and over a stride (``stride_yaw_rate``: its narrow kernel sees the
+slow turn that makes a straight walk drift), and ``heading_hold`` keeps the heading the yaw command
+integrates to."""
 
 
 def joystick_task(
