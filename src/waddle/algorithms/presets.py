@@ -68,6 +68,26 @@ JOYSTICK_ACTION_SCALE = 0.7
 a robot whose config overrides the policy's ``action_scale`` with its default still drives what was trained."""
 
 
+JOYSTICK_ALGORITHMS = {"ppo": {"mirror_loss_coef": 0.3, "actor_observation": "robot", "init_log_std": -1.0}}
+"""PPO's fields of the recipes on the robot's contract: the robot's observation, the mirror loss, a narrow
+initial policy."""
+
+GETUP_STEPS = 12_000_000
+"""The getup recipe's step budget."""
+
+JOYSTICK_GETUP_STEPS = 20_000_000
+"""The joystick-getup recipe's step budget: walking and getting up in one policy, within 90 minutes on 2 cores."""
+
+GETUP_RUN = {
+    "total_steps": GETUP_STEPS,
+    "randomization": "upstream",
+    "action_mode": "robot",
+    "action_scale": JOYSTICK_ACTION_SCALE,
+    "max_episode_steps": 1000,
+}
+"""Run fields of the get-up recipes: the robot's contract under upstream's randomization, 20 s episodes."""
+
+
 @dataclass(frozen=True)
 class TaskRecipe:
     """What a ``--task`` name stands for: the task library its env draws from, and the values a new run of
@@ -133,7 +153,14 @@ TASK_RECIPES: dict[str, TaskRecipe] = {
             "action_scale": JOYSTICK_ACTION_SCALE,
             "max_episode_steps": 1000,
         },
-        algorithms={"ppo": {"mirror_loss_coef": 0.3, "actor_observation": "robot", "init_log_std": -1.0}},
+        algorithms=JOYSTICK_ALGORITHMS,
+    ),
+    # Getting up, on the same contract: episodes that start on the floor and go on after a fall.
+    "getup": TaskRecipe(lambda: [MicroDuckEnv.getup_task()], run=GETUP_RUN, algorithms=JOYSTICK_ALGORITHMS),
+    "joystick-getup": TaskRecipe(
+        lambda: [MicroDuckEnv.joystick_getup_task(**WALKING_PRIOR)],
+        run={**GETUP_RUN, "total_steps": JOYSTICK_GETUP_STEPS, "gait_prior_fade_steps": JOYSTICK_PRIOR_FADE_STEPS},
+        algorithms=JOYSTICK_ALGORITHMS,
     ),
 }
 """``--task`` name -> its :class:`TaskRecipe`: the one table of what each task is and brings to a new run.

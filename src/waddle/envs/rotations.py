@@ -21,6 +21,21 @@ def rotate_inverse(quaternion: torch.Tensor, vector: torch.Tensor) -> torch.Tens
     return rotate(conjugate, vector)
 
 
+def multiply(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
+    """The Hamilton product ``first * second`` (..., 4): rotate by ``second``, then by ``first``."""
+    w1, x1, y1, z1 = first.unbind(-1)
+    w2, x2, y2, z2 = second.unbind(-1)
+    return torch.stack(
+        [
+            w1 * w2 - x1 * x2 - y1 * y2 - z1 * z2,
+            w1 * x2 + x1 * w2 + y1 * z2 - z1 * y2,
+            w1 * y2 - x1 * z2 + y1 * w2 + z1 * x2,
+            w1 * z2 + x1 * y2 - y1 * x2 + z1 * w2,
+        ],
+        dim=-1,
+    )
+
+
 def projected_gravity(quaternion: torch.Tensor) -> torch.Tensor:
     """The unit gravity direction ``(0, 0, -1)`` seen in the body frame."""
     down = torch.zeros(quaternion.shape[:-1] + (3,), dtype=quaternion.dtype, device=quaternion.device)

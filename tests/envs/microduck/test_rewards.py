@@ -49,6 +49,7 @@ BUILT_IN_TERMS = {
     "heading_hold": (0.0, True),
     "termination": (-4.0, False),
     "stride_yaw_rate": (0.0, True),
+    "getup": (0.0, True),
 }
 
 BUILT_IN_PARAMS = {
@@ -62,6 +63,7 @@ BUILT_IN_PARAMS = {
     "jump_target_height": 0.005,
     "launch_velocity_scale": 0.5,
     "stride_yaw_rate_std": 0.15,
+    "getup_lying_height": 0.07,
     "pose_std": 0.5,
     "progress_off_axis_std": 0.0,
     "progress_overspeed": 0.0,
@@ -241,6 +243,21 @@ def test_stride_yaw_rate_reads_the_tracked_yaw_rate_against_the_command():
     # Without the entry the term falls back to the instantaneous yaw rate: 2 rad/s off a zero command.
     del features["tracked_yaw_rate"], features["yaw_rate_command"]
     assert_values(term("stride_yaw_rate", features, stride_yaw_rate_std=2.0), [math.exp(-1.0)] * 3)
+
+
+def test_getup_pays_for_the_way_up_and_nothing_for_lying():
+    # Standing height 0.12, lying height 0.07: the height fraction is (h - 0.07) / 0.05.
+    features = make_features(
+        5,
+        upright=[1.0, 1.0, 0.0, 0.6, -1.0],
+        base_height=[0.12, 0.095, 0.065, 0.12, 0.12],
+        standing_height=[0.12] * 5,
+    )
+    # Upright and standing: 1; upright halfway up: 0.5; on a side at a lying height: 0;
+    # tilted (cos 0.6) at full height: 0.36; upside down: 0.
+    assert_values(term("getup", features), [1.0, 0.5, 0.0, 0.36, 0.0])
+    features = make_features(1, base_height=[0.05], standing_height=[0.12])  # upright but lower than any lying height
+    assert_values(term("getup", features), [0.0])
 
 
 def test_upright():

@@ -65,7 +65,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.data import Bounded, Categorical, Composite, Unbounded
 
-from waddle.envs.microduck import assets, constants, rewards
+from waddle.envs.microduck import assets, constants, ground_contact, rewards
 from waddle.envs.microduck import robot as robot_contract
 from waddle.envs.microduck import tasks as presets
 from waddle.envs.microduck.randomization import (
@@ -82,7 +82,7 @@ from waddle.envs.microduck.sensors import NOISY_FIELDS, SENSOR_DIM, SENSOR_FIELD
 from waddle.envs.microduck.symmetry import MIRRORS, SignedPermutation
 from waddle.envs.microduck.tasks import MicroDuckTask
 from waddle.envs.mujoco_env import MujocoEnv
-from waddle.envs.rotations import heading, projected_gravity, rotate, rotate_inverse, wrap_angle
+from waddle.envs.rotations import heading, multiply, projected_gravity, rotate, rotate_inverse, wrap_angle
 
 ROBOT_NOISY_FIELDS: dict[str, str] = {
     "base_ang_vel": "gyro_noise",
@@ -138,6 +138,11 @@ class MicroDuckEnv(MujocoEnv):
         backend: ``"mujoco"``, ``"mjx"`` or ``"mujoco-torch"``; ``None`` picks
             the best one for ``device`` (native MuJoCo on a CPU).
         low_cost_collisions: replace collision meshes by fitted boxes at load.
+        limb_collisions: give the hips, thighs, shins, ankles and neck collision
+            boxes (:mod:`~waddle.envs.microduck.ground_contact`), so a robot on the
+            floor rests and pushes on its limbs. ``None`` (the default): only when
+            a task can lie on the floor (``lying_start_fraction > 0`` or
+            ``fall_terminates == 0``).
         max_episode_steps: truncation horizon, at least 1.
         randomization: a :class:`~waddle.envs.microduck.randomization.MicroDuckRandomization`,
             a preset name (``"none"``, the default: the idealized robot, nothing
@@ -228,6 +233,8 @@ class MicroDuckEnv(MujocoEnv):
     speed_range_task = staticmethod(presets.speed_range_task)
     sidestep_task = staticmethod(presets.sidestep_task)
     joystick_task = staticmethod(presets.joystick_task)
+    getup_task = staticmethod(presets.getup_task)
+    joystick_getup_task = staticmethod(presets.joystick_getup_task)
     jump_task = staticmethod(presets.jump_task)
     make_task = staticmethod(presets.make_task)
     register_reward = staticmethod(rewards.register_reward)
@@ -245,6 +252,7 @@ class MicroDuckEnv(MujocoEnv):
         download: bool | str = False,
         backend: str | None = None,
         low_cost_collisions: bool = True,
+        limb_collisions: bool | None = None,
         max_episode_steps: int = 500,
         randomization: MicroDuckRandomization | str | Mapping[str, Any] | None = "none",
         sensor_history: int = 1,
@@ -273,6 +281,18 @@ class MicroDuckEnv(MujocoEnv):
         self.randomization = resolve_randomization(randomization)
         self.scene_path = self.resolve_scene(microduck_root, root=root, download=download)
         spec = assets.load_spec(self.scene_path, low_cost_collisions=low_cost_collisions)
+        library = presets.as_task_library(presets.tracking_task() if tasks is None else tasks)
+        if limb_collisions is None:
+            limb_collisions = ground_contact.needs_limb_collisions(
+                library.lying_start_fraction, library.fall_terminates
+            )
+        if not isinstance(limb_collisions, bool):
+            raise ValueError(
+                f"limb_collisions must be True, False or None (as the tasks need), got {limb_collisions!r}."
+            )
+        self.limb_collisions = limb_collisions
+        if limb_collisions:
+            ground_contact.add_limb_collisions(spec)
         kwargs.setdefault("camera_id", constants.TRACKING_CAMERA)
         super().__init__(
             spec,
@@ -287,8 +307,7 @@ class MicroDuckEnv(MujocoEnv):
         self.action_scale = float(action_scale)
         self.diagnostics = bool(diagnostics)
         self.max_episode_steps = max_episode_steps
-        library = presets.tracking_task() if tasks is None else tasks
-        self.tasks = presets.as_task_library(library).to(self.device)
+        self.tasks = library.to(self.device)
         self._has_prior = bool(((self.tasks.gait_prior_lift > 0) | (self.tasks.gait_prior_stride_per_mps > 0)).any())
         # Libraries that never turn, share or redraw commands draw nothing for them.
         self._twist = bool(
@@ -296,6 +315,12 @@ class MicroDuckEnv(MujocoEnv):
             or (self.tasks.turn_in_place_fraction > 0).any()
             or (self.tasks.standing_fraction > 0).any()
             or (self.tasks.command_resample_s > 0).any()
+        )
+        # Libraries that never start on the floor draw nothing for it.
+        self._lying = bool((self.tasks.lying_start_fraction > 0).any())
+        self._recovers = bool((self.tasks.fall_terminates == 0).any())
+        self._paid_only_upright = torch.tensor(
+            [name != "getup" for name in self.REWARD_TERMS], dtype=torch.bool, device=self.device
         )
         # Rows are gathered per env at every reset, from one packed matrix.
         self._task_table = presets.TaskTable(self.tasks)
@@ -987,7 +1012,36 @@ class MicroDuckEnv(MujocoEnv):
         direction_body = torch.nn.functional.pad(command / planar_speed.clamp_min(1e-8).unsqueeze(-1), (0, 1))
         velocity_world = speed.unsqueeze(-1) * rotate(qpos[:, 3:7], direction_body)
         qvel[:, :3] = torch.where(warm.unsqueeze(-1), velocity_world, qvel[:, :3])
+        if self._lying:
+            lying = torch.rand(n, generator=self.rng, device=self.device, dtype=self.dtype)
+            lying = lying < episode_task["lying_start_fraction"]
+            drop = self._lying_qpos(episode_task["lying_start_side"])
+            qpos = torch.where(lying.unsqueeze(-1), drop, qpos)
+            qvel = torch.where(lying.unsqueeze(-1), torch.zeros_like(qvel), qvel)
         return qpos, qvel
+
+    def _lying_qpos(self, side: torch.Tensor) -> torch.Tensor:
+        """Positions of a drop onto the floor: the trunk at ``LYING_DROP_HEIGHT`` turned onto ``side`` (an index
+        of ``LYING_STARTS``, -1: drawn) at a drawn heading, each joint at a uniform angle within its range."""
+        n = self.num_envs
+        draw = torch.randint(len(presets.LYING_STARTS), (n,), generator=self.rng, device=self.device)
+        side = torch.where(side < 0, draw, side.long())
+        yaw = math.pi * self._uniform(n)
+        unit = torch.rand(n, self.NUM_JOINTS, generator=self.rng, device=self.device, dtype=self.dtype)
+        joints = self._target_low + unit * (self._target_high - self._target_low)
+        half = math.sqrt(0.5)
+        # back: -90 deg about y (rear down); front: +90 about y (head down); left: -90 about x; right: +90 about x.
+        tilts = torch.tensor(
+            [[half, 0.0, -half, 0.0], [half, 0.0, half, 0.0], [half, -half, 0.0, 0.0], [half, half, 0.0, 0.0]],
+            dtype=self.dtype,
+            device=self.device,
+        )[side]
+        turn = torch.stack([(yaw / 2).cos(), torch.zeros_like(yaw), torch.zeros_like(yaw), (yaw / 2).sin()], dim=-1)
+        qpos = self._home_qpos.expand(n, -1).clone()
+        qpos[:, 2] = presets.LYING_DROP_HEIGHT
+        qpos[:, 3:7] = multiply(turn, tilts)
+        qpos[:, 7:] = joints
+        return qpos
 
     # ------------------------------------------------------------------
     # Step
@@ -1035,7 +1089,9 @@ class MicroDuckEnv(MujocoEnv):
             self._episode_task["reward_weights"],
             self.control_dt,
         )
-        terminated = features["fallen"]
+        terminated = features["fallen"] & (self._episode_task["fall_terminates"] > 0)
+        if self._recovers:
+            weighted = self._unpaid_while_fallen(weighted, features["fallen"] & ~terminated)
         truncated = self._step_count >= self.max_episode_steps
         self._previous_action = clipped
         if self._twist:
@@ -1051,6 +1107,12 @@ class MicroDuckEnv(MujocoEnv):
             done=(terminated | truncated).unsqueeze(-1),
         )
         return TensorDict(out, batch_size=self.batch_size, device=self.device)
+
+    def _unpaid_while_fallen(self, weighted: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+        """``weighted`` with the positive shares of every term but ``getup`` zeroed for the envs ``down`` on the
+        floor: a robot that lies still earns nothing, and its penalties stand."""
+        unpaid = (weighted > 0) & down.unsqueeze(-1) & self._paid_only_upright
+        return torch.where(unpaid, torch.zeros_like(weighted), weighted)
 
     def _checked_action(self, action: torch.Tensor) -> torch.Tensor:
         expected = (self.num_envs, self.NUM_JOINTS)

@@ -96,6 +96,9 @@ RESERVED_PARAM_NAMES = frozenset(
         "turn_in_place_fraction",
         "standing_fraction",
         "command_resample_s",
+        "lying_start_fraction",
+        "lying_start_side",
+        "fall_terminates",
     }
 )
 """Names a task already uses for its own fields; ``make_task`` overrides share one namespace."""
@@ -666,3 +669,16 @@ def stride_yaw_rate(features: Features, params: Features) -> torch.Tensor:
     measured = features["angular_velocity"][..., 2] if value is None else value
     error = measured - yaw_rate_command(features)
     return torch.exp(-error.square() / params["stride_yaw_rate_std"].square())
+
+
+@register_reward("getup", weight=0.0, getup_lying_height=0.07)
+def getup(features: Features, params: Features) -> torch.Tensor:
+    """How far up the robot is: the squared upright cosine (0 on a side, back or front) times the trunk's
+    height as a fraction of the way from ``getup_lying_height`` (above any way of lying) to standing.
+
+    Lying still, at any height a lying robot reaches, earns nothing; standing earns 1.
+    """
+    upright = features["upright"].clamp(0.0, 1.0)
+    lying = params["getup_lying_height"]
+    height = (features["base_height"] - lying) / (features["standing_height"] - lying)
+    return upright.square() * height.clamp(0.0, 1.0)

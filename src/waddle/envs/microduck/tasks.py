@@ -134,6 +134,13 @@ SPEED_RANGE_PRIOR: dict[str, float] = {**WALKING_PRIOR, "gait_prior_stride_per_m
 WALKING_REWARD_WEIGHTS: dict[str, float] = {"heading_hold": 2.0}
 """Weights the walking presets set on top of the registered defaults: hold the heading of the reset."""
 
+LYING_STARTS: tuple[str, ...] = ("back", "front", "left", "right")
+"""Ways an episode can start on the floor: pitched 90 degrees backward (the trunk's rear down), forward (the
+head down), or rolled 90 degrees onto the left or the right side."""
+
+LYING_DROP_HEIGHT = 0.2
+"""Height, m, of the trunk from which a lying start is dropped: clear of the floor whatever the joints."""
+
 TASK_FIELDS: dict[str, Any] = {
     "warm_start_velocity": (0.0, 0.0),
     "warm_start_fraction": 0.0,
@@ -146,6 +153,9 @@ TASK_FIELDS: dict[str, Any] = {
     "turn_in_place_fraction": 0.0,
     "standing_fraction": 0.0,
     "command_resample_s": (0.0, 0.0),
+    "lying_start_fraction": 0.0,
+    "lying_start_side": -1.0,
+    "fall_terminates": 1.0,
 }
 """Reset and clock fields :func:`make_task` accepts by name, with their defaults."""
 
@@ -188,6 +198,15 @@ class MicroDuckTask:
         command_resample_s: ``(low, high)`` seconds, shape ``(2,)``, after which
             an env draws a new command within the episode (each interval drawn
             uniformly); ``(0, 0)`` (the default) holds the reset's command.
+        lying_start_fraction: share of the episodes that start on the floor:
+            dropped from :data:`LYING_DROP_HEIGHT` lying on one of
+            :data:`LYING_STARTS`, at a random heading, its joints at random
+            angles within their ranges.
+        lying_start_side: index into :data:`LYING_STARTS` of the way such an
+            episode starts lying, or -1 (the default) for any of them.
+        fall_terminates: 1 (the default): a fall ends the episode; 0: a fall
+            is a state to get up from, and while fallen the task's positive
+            terms other than ``getup`` pay nothing.
         reward_weights: one weight per registered term, in the order of
             :data:`~waddle.envs.microduck.rewards.REWARD_TERMS`, shape
             ``(num_terms,)``. An all-zero row gives zero reward.
@@ -210,6 +229,9 @@ class MicroDuckTask:
     turn_in_place_fraction: torch.Tensor
     standing_fraction: torch.Tensor
     command_resample_s: torch.Tensor
+    lying_start_fraction: torch.Tensor
+    lying_start_side: torch.Tensor
+    fall_terminates: torch.Tensor
     reward_weights: torch.Tensor
     params: TensorDict
     weight: torch.Tensor
@@ -279,6 +301,9 @@ def make_task(
         turn_in_place_fraction=_as_float(fields["turn_in_place_fraction"], (), "turn_in_place_fraction", name),
         standing_fraction=_as_float(fields["standing_fraction"], (), "standing_fraction", name),
         command_resample_s=_as_float(fields["command_resample_s"], (2,), "command_resample_s", name),
+        lying_start_fraction=_as_float(fields["lying_start_fraction"], (), "lying_start_fraction", name),
+        lying_start_side=_as_float(fields["lying_start_side"], (), "lying_start_side", name),
+        fall_terminates=_as_float(fields["fall_terminates"], (), "fall_terminates", name),
         reward_weights=torch.stack(weight_row),
         params=TensorDict({key: _as_float(value, (), key, name) for key, value in params.items()}, batch_size=[]),
         weight=_as_float(weight, (), "weight", name),
@@ -503,6 +528,61 @@ def joystick_task(
     )
 
 
+GETUP_REWARD_WEIGHTS: dict[str, float] = {"getup": 5.0, "termination": 0.0}
+"""Weights the get-up presets set: ``getup`` pays for the way up, and a fall costs nothing of its own (the
+episode goes on, and while the robot is down every other positive term pays nothing)."""
+
+GETUP_JOYSTICK_LYING_FRACTION = 0.25
+"""Share of :func:`joystick_getup_task`'s episodes that start on the floor; the others fall by themselves
+or under the randomization's pushes."""
+
+
+def getup_task(
+    *, weight: float = 1.0, reward_weights: Mapping[str, float] | None = None, **overrides: Any
+) -> MicroDuckTask:
+    """Stand up from the floor and stay up: upstream's stand-up task.
+
+    Every episode starts with a drop onto the back, the front or a side
+    (:data:`LYING_STARTS`) with the joints at random angles, and a fall does
+    not end it (``fall_terminates=0``): the task is :func:`standing_task`'s
+    balance with :data:`GETUP_REWARD_WEIGHTS` over it. An env given a task that
+    lies down adds the limbs' collision boxes
+    (:mod:`~waddle.envs.microduck.ground_contact`).
+
+    Example:
+        >>> task = getup_task()
+        >>> float(task.lying_start_fraction), float(task.fall_terminates)
+        (1.0, 0.0)
+    """
+    return standing_task(
+        weight=weight,
+        reward_weights={**GETUP_REWARD_WEIGHTS, **(reward_weights or {})},
+        **{"name": "getup", "lying_start_fraction": 1.0, "fall_terminates": 0.0, **overrides},
+    )
+
+
+def joystick_getup_task(
+    *, weight: float = 1.0, reward_weights: Mapping[str, float] | None = None, **overrides: Any
+) -> MicroDuckTask:
+    """:func:`joystick_task` in which a fall is a state to get up from: upstream's ``VelStand``.
+
+    :data:`GETUP_JOYSTICK_LYING_FRACTION` of the episodes start on the floor, a
+    fall does not end an episode, and ``getup`` pays for the way back up
+    (:data:`GETUP_REWARD_WEIGHTS`); the twist is drawn and redrawn as in
+    :func:`joystick_task`.
+    """
+    return joystick_task(
+        weight=weight,
+        reward_weights={**GETUP_REWARD_WEIGHTS, **(reward_weights or {})},
+        **{
+            "name": "joystick-getup",
+            "lying_start_fraction": GETUP_JOYSTICK_LYING_FRACTION,
+            "fall_terminates": 0.0,
+            **overrides,
+        },
+    )
+
+
 def jump_task(
     *, weight: float = 1.0, reward_weights: Mapping[str, float] | None = None, **overrides: Any
 ) -> MicroDuckTask:
@@ -665,6 +745,7 @@ def _check_rows(rows: MicroDuckTask) -> None:
     shapes.update(dict.fromkeys(("warm_start_fraction", "joint_reset_noise_scale", "gait_frequency_hz"), ()))
     shapes.update(gait_frequency_per_mps=(), gait_prior_lift=(), gait_prior_stride_per_mps=())
     shapes.update(yaw_rate_range=(2,), command_resample_s=(2,), turn_in_place_fraction=(), standing_fraction=())
+    shapes.update(lying_start_fraction=(), lying_start_side=(), fall_terminates=())
     for field, shape in shapes.items():
         got = tuple(getattr(rows, field).shape[1:])
         if got != shape:
@@ -700,6 +781,13 @@ def _check_rows(rows: MicroDuckTask) -> None:
         rows.turn_in_place_fraction + rows.standing_fraction <= 1,
         "turn_in_place_fraction + standing_fraction must be <= 1",
     )
+    lying = rows.lying_start_fraction
+    _require(rows, (lying >= 0) & (lying <= 1), "lying_start_fraction must be in [0, 1]")
+    side = rows.lying_start_side
+    named = (side == -1) | ((side >= 0) & (side < len(LYING_STARTS)) & (side == side.round()))
+    _require(rows, named, f"lying_start_side must be -1 (any) or the index of one of {LYING_STARTS}")
+    ends = rows.fall_terminates
+    _require(rows, (ends == 0) | (ends == 1), "fall_terminates must be 1 (a fall ends the episode) or 0")
     turns = (rows.turn_in_place_fraction == 0) | (yaw.abs().amax(-1) > 0)
     _require(rows, turns, "turn_in_place_fraction > 0 needs a yaw_rate_range to turn in")
     for key in ("tracking_relative_std", "progress_off_axis_std"):  # 0 turns each off
