@@ -27,6 +27,7 @@ from torchrl.envs import EnvBase
 from waddle.algorithms.checkpoint import CheckpointError
 from waddle.algorithms.ppo import ActorObservationError, check_actor_observation
 from waddle.algorithms.presets import make_env, make_trainer
+from waddle.algorithms.recovery import RecoveryTracker
 from waddle.algorithms.run_plan import RunPlan
 from waddle.algorithms.task_library import TaskLibraryError
 from waddle.envs.microduck.randomization import resolve_randomization
@@ -165,6 +166,20 @@ class EvaluationResult:
     """Index of that task in the env's library."""
     hop_task: bool = False
     """Whether that task rewards hops (its ``jump`` reward weight is positive): its hop figures are reported."""
+    falls: int = 0
+    """Falls started during the episodes, an episode that starts on the floor counting one
+    (:mod:`~waddle.algorithms.recovery`); a fall that ends its episode counts too."""
+    recovered_fraction: float = float("nan")
+    """Share of the falls after which the robot stood again (projected gravity z below -0.9, the trunk
+    at least 0.1 m up) within its episode."""
+    time_to_stand_s: float = float("nan")
+    """Mean seconds from a fall to standing again, over the recovered falls."""
+    time_to_stand_p95_s: float = float("nan")
+    """95th percentile of the same."""
+    time_lying_s: float = float("nan")
+    """Mean seconds spent down per fall."""
+    recovery_task: bool = False
+    """Whether that task goes on after a fall (``fall_terminates == 0``): its recovery figures are reported."""
 
     @property
     def survival(self) -> float:
@@ -258,6 +273,9 @@ def evaluate(
     low, high = (space.low.float().cpu(), space.high.float().cpu()) if space is not None else (-torch.inf, torch.inf)
     saturation_sum, change_sum = zeros(num_envs), zeros(num_envs)
     previous_action = None
+    watches_falls = callable(getattr(env, "fallen", None)) and callable(getattr(env, "base_height", None))
+    recovery = RecoveryTracker(num_envs, env.control_dt) if watches_falls else None
+    gravity_z = getattr(env, "PROJECTED_GRAVITY_START", 0) + 2
 
     frames, renderer = [], None
     if video_path is not None:
@@ -283,6 +301,8 @@ def evaluate(
     if measures_height:
         above = env.base_height().float().cpu() - float(env.standing_height)
         flight_peak = torch.where(contacts.any(-1), flight_peak, above)
+    if recovery is not None:
+        recovery.observe(td["observation"][:, gravity_z], env.base_height(), env.fallen(), running)
     try:
         for _ in range(max_steps):
             if renderer is not None and running[0]:
@@ -333,6 +353,8 @@ def evaluate(
             contacts = new_contacts
 
             fell |= running & terminated
+            if recovery is not None:
+                recovery.observe(out["observation"][:, gravity_z], env.base_height(), env.fallen(), running)
             running &= ~done
             if not running.any():
                 break
@@ -370,6 +392,7 @@ def evaluate(
         airborne_fraction=float(airborne_steps[standing].sum() / lengths[standing].sum()) if standing.any() else nan,
         hop_frequency_hz=float((hops[standing] / seconds).mean()) if standing.any() else nan,
         task_id=None if task_id is None else int(task_id),
+        **({} if recovery is None else dataclasses.asdict(recovery.summary())),
     )
 
 
@@ -408,13 +431,17 @@ def evaluate_tasks(
     if filmed not in names:
         raise ValueError(f"video_task: {video_task!r} is not a task of this library; its tasks are {names}")
     hopping = hop_tasks(tasks)
+    recovering = (tasks.fall_terminates.reshape(-1) == 0).tolist() if hasattr(tasks, "fall_terminates") else []
+    recovering += [False] * (len(names) - len(recovering))
     results = []
     for index, name in enumerate(names):
         commands = [command] if command is not None else task_commands(tasks[index : index + 1])
         for number, pinned in enumerate(commands):
             video = video_path if name == filmed and number == 0 else None
             result = evaluate(env, policy, command=pinned, task_id=index, video_path=video, max_steps=max_steps)
-            results.append(dataclasses.replace(result, task=name, hop_task=hopping[index]))
+            results.append(
+                dataclasses.replace(result, task=name, hop_task=hopping[index], recovery_task=recovering[index])
+            )
     return results
 
 

@@ -9,7 +9,9 @@ speed of the envs that did not fall, tracking error, yaw drift, foot clearance,
 step frequency, how often the actions sit at a bound and how much they change
 per step (a bang-bang policy is not one servos can follow), and for a task
 that rewards hops (jump) the hop height,
-airborne fraction and hop frequency. A task-conditioned policy gets each
+airborne fraction and hop frequency; for a task that goes on after a fall
+(getup, joystick-getup) the falls, the share of them the robot got up from,
+its mean time to stand and its mean time lying. A task-conditioned policy gets each
 env's task id. ``--csv`` writes the same rows to a CSV file; ``--video`` films
 the first env of the first row from the tracking camera.
 
@@ -216,10 +218,16 @@ UNITS = (
 )
 
 
+RECOVERY_HEADER = f" {'falls':>6} {'got up':>6} {'to stand':>8} {'lying':>6}"
+RECOVERY_UNITS = f" {'':>6} {'%':>6} {'s':>8} {'s':>6}"
+
+
 def format_table(results: Sequence[Any]) -> str:
     """One row per task and command: the figures of :class:`~waddle.algorithms.evaluation.EvaluationResult`;
-    the hop columns are filled for the tasks that reward hops and ``-`` elsewhere."""
-    rows = [HEADER, UNITS]
+    the hop columns are filled for the tasks that reward hops and ``-`` elsewhere. When a task goes on after
+    a fall, recovery columns follow, filled for such tasks."""
+    recovering = any(getattr(r, "recovery_task", False) for r in results)
+    rows = [HEADER + RECOVERY_HEADER, UNITS + RECOVERY_UNITS] if recovering else [HEADER, UNITS]
     for r in results:
         command = ",".join(f"{value:+.2f}" for value in (*r.command, 0.0)[:3])
         task = r.task if r.task is not None else "-"
@@ -232,8 +240,17 @@ def format_table(results: Sequence[Any]) -> str:
             f"{r.mean_forward_speed:>8.3f} {r.mean_lateral_speed:>8.3f} {r.velocity_tracking_error:>9.3f} "
             f"{r.yaw_drift_deg:>9.1f} {r.yaw_drift_p95_deg:>6.1f} {r.mean_yaw_rate:>8.3f} {100 * r.foot_clearance:>9.2f} "
             f"{r.step_frequency_hz:>7.2f} {100 * r.action_saturation:>8.1f} {r.action_change:>7.3f} {hops}"
+            + (_recovery_cells(r) if recovering else "")
         )
     return "\n".join(rows)
+
+
+def _recovery_cells(r: Any) -> str:
+    if not r.recovery_task:
+        return f" {'-':>6} {'-':>6} {'-':>8} {'-':>6}"
+    return (
+        f" {r.falls:>6d} {100 * r.recovered_fraction:>6.1f} {r.time_to_stand_s:>8.2f} {r.time_lying_s:>6.2f}"
+    )
 
 
 CSV_COLUMNS: dict[str, str] = {
@@ -259,10 +276,17 @@ CSV_COLUMNS: dict[str, str] = {
     "hop_height_m": "hop_height",
     "airborne_fraction": "airborne_fraction",
     "hop_frequency_hz": "hop_frequency_hz",
+    "falls": "falls",
+    "recovered_fraction": "recovered_fraction",
+    "time_to_stand_s": "time_to_stand_s",
+    "time_to_stand_p95_s": "time_to_stand_p95_s",
+    "time_lying_s": "time_lying_s",
 }
 """CSV header -> the :class:`~waddle.algorithms.evaluation.EvaluationResult` figure in it (SI units, fractions)."""
 HOP_COLUMNS = ("hop_height_m", "airborne_fraction", "hop_frequency_hz")
 """Columns left empty in the rows of tasks that do not reward hops, as the table shows ``-`` there."""
+RECOVERY_COLUMNS = ("falls", "recovered_fraction", "time_to_stand_s", "time_to_stand_p95_s", "time_lying_s")
+"""Columns left empty in the rows of tasks that end at a fall."""
 
 
 def csv_row(result: Any) -> dict[str, Any]:
@@ -275,6 +299,8 @@ def csv_row(result: Any) -> dict[str, Any]:
         else:
             value = getattr(result, figure)
         if column in HOP_COLUMNS and not result.hop_task:
+            value = ""
+        if column in RECOVERY_COLUMNS and not result.recovery_task:
             value = ""
         row[column] = "" if value is None or (isinstance(value, float) and math.isnan(value)) else value
     return row

@@ -585,6 +585,11 @@ class MicroDuckEnv(MujocoEnv):
         """A ``(num_envs,)`` tensor of trunk yaw angles in radians, in ``(-pi, pi]``."""
         return heading(self.physics.qpos[:, 3:7].to(self.dtype))
 
+    def fallen(self) -> torch.Tensor:
+        """A ``(num_envs,)`` bool tensor: the trunk is down (tilted past ``MIN_UPRIGHT`` or lower than
+        ``MIN_HEIGHT_RATIO`` of the standing height), the state that ends an episode whose task says so."""
+        return self._fallen(self._read_state(self.physics.qpos.to(self.dtype), self.physics.qvel.to(self.dtype)))
+
     def _adopt_episodes(self) -> None:
         """Derive what each env's task and command fix for the episode: its task row, reward
         params and gait clock frequency (Hz)."""
