@@ -134,9 +134,9 @@ def drive(policy_path: Path, scenario: Scenario, *, episodes: int, steps: int, s
     }
 
 
-def train(run: Path, seed: int, minutes: float, extra: list[str]) -> float:
-    """``waddle train --task joystick`` into ``run``, interrupted (it keeps its checkpoint) after ``minutes``."""
-    command = [*WADDLE, "train", "--task", "joystick", "--seed", str(seed), "--out", str(run), "--no-progress"]
+def train(run: Path, seed: int, minutes: float, extra: list[str], task: str = "joystick") -> float:
+    """``waddle train --task TASK`` into ``run``, interrupted (it keeps its checkpoint) after ``minutes``."""
+    command = [*WADDLE, "train", "--task", task, "--seed", str(seed), "--out", str(run), "--no-progress"]
     command += extra
     print("$ waddle " + " ".join(command[3:]), flush=True)
     started = time.perf_counter()

@@ -42,6 +42,17 @@ def test_a_start_on_the_floor_is_a_fall_and_standing_ends_it():
     assert summary.time_lying_s == pytest.approx((1.5 + 1.0) / 2)
 
 
+def test_the_share_recovered_within_a_time():
+    tracker = RecoveryTracker(3, 0.5)
+    for state in ([DOWN, DOWN, UP], [DOWN, UP, UP], [UP, UP, DOWN], [UP, UP, DOWN]):
+        gz, height, down = (torch.tensor(column) for column in zip(*state))
+        tracker.observe(gz, height, down, torch.ones(3, dtype=torch.bool))
+    # Falls: env 0 stood after 1.0 s, env 1 after 0.5 s, env 2 fell at moment 2 and stays down.
+    assert tracker.share_recovered_within(0.5) == pytest.approx(1 / 3)
+    assert tracker.share_recovered_within(1.0) == pytest.approx(2 / 3)
+    assert math.isnan(RecoveryTracker(1, 0.5).share_recovered_within(1.0))
+
+
 def test_a_fall_not_recovered_counts_against_and_a_second_fall_counts_again():
     # Env 0 falls, stands, falls again and stays down to the end: 2 falls, 1 recovered.
     # Env 1 kneels after its fall and never stands: its fall stays open.

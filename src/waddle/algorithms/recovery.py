@@ -74,6 +74,13 @@ class RecoveryTracker:
         self._lying_steps += (down & (self._fallen_at >= 0)).long()
         self._step += 1
 
+    def share_recovered_within(self, seconds: float) -> float:
+        """Share of the falls so far after which the robot stood within ``seconds`` (NaN without a fall)."""
+        if not self._falls:
+            return math.nan
+        times = torch.cat(self._times) if self._times else torch.zeros(0)
+        return float((times <= seconds + 1e-9).sum()) / self._falls
+
     def summary(self) -> RecoverySummary:
         """The falls so far; a fall still open counts as not recovered, its lying time as far as it went."""
         times = torch.cat(self._times) if self._times else torch.zeros(0)
