@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -148,6 +149,8 @@ def test_the_eval_table_and_csv_show_recovery_only_for_tasks_that_go_on_after_a_
     ]
     assert walk_row.split()[-4:] == ["-", "-", "-", "-"]
     assert getup_row.split()[-4:] == ["5", "80.0", "1.25", "0.75"]
+    none_up = dataclasses.replace(getup, recovered_fraction=0.0, time_to_stand_s=math.nan)
+    assert format_table([none_up]).splitlines()[-1].split()[-4:] == ["5", "0.0", "-", "0.75"]
     assert csv_row(walk)["falls"] == "" and csv_row(walk)["recovered_fraction"] == ""
     row = csv_row(getup)
     assert (row["falls"], row["recovered_fraction"], row["time_to_stand_p95_s"], row["time_lying_s"]) == (

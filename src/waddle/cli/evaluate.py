@@ -248,9 +248,12 @@ def format_table(results: Sequence[Any]) -> str:
 def _recovery_cells(r: Any) -> str:
     if not r.recovery_task:
         return f" {'-':>6} {'-':>6} {'-':>8} {'-':>6}"
-    return (
-        f" {r.falls:>6d} {100 * r.recovered_fraction:>6.1f} {r.time_to_stand_s:>8.2f} {r.time_lying_s:>6.2f}"
-    )
+
+    def figure(value: float, width: int, digits: int) -> str:  # no fall, or none got up: nothing to show
+        return f"{'-':>{width}}" if math.isnan(value) else f"{value:>{width}.{digits}f}"
+
+    got_up = figure(100 * r.recovered_fraction, 6, 1)
+    return f" {r.falls:>6d} {got_up} {figure(r.time_to_stand_s, 8, 2)} {figure(r.time_lying_s, 6, 2)}"
 
 
 CSV_COLUMNS: dict[str, str] = {
