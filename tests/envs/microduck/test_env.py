@@ -236,8 +236,8 @@ def test_bad_construction_arguments(kwargs, error, message):
 def test_heading_error_is_the_wrapped_turn_since_reset():
     env = MicroDuckEnv(num_envs=2, seed=0)
     env.reset()
-    torch.testing.assert_close(env._target_heading, env.heading())  # recorded at reset
-    env._target_heading = torch.tensor([0.0, 3.0])
+    torch.testing.assert_close(env.commands.target_heading, env.heading())  # recorded at reset
+    env.commands.target_heading = torch.tensor([0.0, 3.0])
     yaw = torch.tensor([0.3, -3.0])
     qpos = env.physics.qpos.clone()
     qpos[:, 3:7] = torch.stack([torch.cos(yaw / 2), torch.zeros(2), torch.zeros(2), torch.sin(yaw / 2)], dim=-1)

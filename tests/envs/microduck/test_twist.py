@@ -65,7 +65,7 @@ def test_a_pinned_twist_is_held_and_a_drawn_one_is_redrawn_within_the_episode():
     after = torch.cat([td["command"], td["yaw_rate_command"]], dim=-1)
     assert (after != first).any(-1).all()  # every env has a new twist at 0.1 s
     # The new command turns from the heading the robot has when it comes.
-    torch.testing.assert_close(env._target_heading, env.heading())
+    torch.testing.assert_close(env.commands.target_heading, env.heading())
     env.close()
 
 
@@ -75,7 +75,7 @@ def test_the_commanded_heading_turns_at_the_yaw_rate_command():
     start = env.heading().clone()
     for step in range(1, 11):
         td = env.step(td.set("action", torch.zeros(2, 14)))["next"]
-        torch.testing.assert_close(env._target_heading, start + 0.5 * 0.02 * step)
+        torch.testing.assert_close(env.commands.target_heading, start + 0.5 * 0.02 * step)
     state = TensorDict(qpos=env.physics.qpos.clone(), qvel=env.physics.qvel.clone(), batch_size=[2])
     features = env.reward_features(state, torch.zeros(2, 14))
     expected = torch.remainder(env.heading() - (start + 0.1) + math.pi, 2 * math.pi) - math.pi

@@ -68,6 +68,7 @@ from torchrl.data import Bounded, Categorical, Composite, Unbounded
 from waddle.envs.microduck import assets, constants, ground_contact, rewards
 from waddle.envs.microduck import robot as robot_contract
 from waddle.envs.microduck import tasks as presets
+from waddle.envs.microduck.commands import TwistCommands, first
 from waddle.envs.microduck.randomization import (
     DelayLine,
     MicroDuckRandomization,
@@ -97,16 +98,6 @@ ROBOT_NOISE_SEED_OFFSET = 0x5EED
 that the env's other draws (tasks, commands, randomization, pushes) are the same with or without it."""
 
 _REFUSED_KWARGS = ("xml_path", "patch_xml", "frame_skip")
-_LISTED = 8
-"""Envs an error message lists by name; a batch of thousands would bury the message."""
-
-
-def _first(values: list[Any]) -> str:
-    """``values`` for an error message: the first ``_LISTED`` of them, and how many there are in all."""
-    if len(values) <= _LISTED:
-        return str(values)
-    shown = ", ".join(map(str, values[:_LISTED]))
-    return f"[{shown}, ...] ({len(values)} in all)"
 
 
 class MicroDuckEnv(MujocoEnv):
@@ -310,7 +301,7 @@ class MicroDuckEnv(MujocoEnv):
         self.tasks = library.to(self.device)
         self._has_prior = bool(((self.tasks.gait_prior_lift > 0) | (self.tasks.gait_prior_stride_per_mps > 0)).any())
         # Libraries that never turn, share or redraw commands draw nothing for them.
-        self._twist = bool(
+        self._varied_commands = bool(
             (self.tasks.yaw_rate_range != 0).any()
             or (self.tasks.turn_in_place_fraction > 0).any()
             or (self.tasks.standing_fraction > 0).any()
@@ -389,9 +380,11 @@ class MicroDuckEnv(MujocoEnv):
         n, j = self.num_envs, self.NUM_JOINTS
         zeros = lambda *shape, dtype=self.dtype: torch.zeros(*shape, dtype=dtype, device=self.device)  # noqa: E731
         self._task_id = zeros(n, dtype=torch.long)
-        self._command = zeros(n, 2)
-        self._yaw_rate_command = zeros(n)
-        self._resample_timer = torch.full((n,), math.inf, dtype=self.dtype, device=self.device)
+        self.commands = TwistCommands(
+            n, control_dt=self.control_dt, varies=self._varied_commands, dtype=self.dtype, device=self.device
+        )
+        """Each env's twist command, its redraw timer and the heading it commands
+        (:class:`~waddle.envs.microduck.commands.TwistCommands`)."""
         self._adopt_episodes()
         self._step_count = zeros(n, dtype=torch.long)
         self._previous_action = zeros(n, j)
@@ -401,7 +394,6 @@ class MicroDuckEnv(MujocoEnv):
         self._foot_heights = zeros(n, 2)
         self._air_time = zeros(n, 2)
         self._touchdown_air_time = zeros(n, 2)
-        self._target_heading = zeros(n)
 
     def _allocate_tracking_window(self) -> None:
         """A ring of the trunk's last floor positions and headings, as long as the library's longest tracking window.
@@ -595,7 +587,9 @@ class MicroDuckEnv(MujocoEnv):
         params and gait clock frequency (Hz)."""
         self._episode_task = task = self._task_table[self._task_id]
         self._episode_params = task["params"]
-        self._gait_frequency = task["gait_frequency_hz"] + task["gait_frequency_per_mps"] * self._command.norm(dim=-1)
+        self._gait_frequency = task["gait_frequency_hz"] + task["gait_frequency_per_mps"] * self.commands.command.norm(
+            dim=-1
+        )
         cycles = self._episode_params["tracking_window_cycles"]
         steps = (cycles / (self._gait_frequency * self.control_dt)).round().clamp_min(1.0)
         self._window_steps = torch.where(cycles > 0, steps, torch.zeros_like(steps)).long()
@@ -624,11 +618,11 @@ class MicroDuckEnv(MujocoEnv):
         task = self._episode_task
         phase, ramp = self._gait_clock()
         ramp = ramp * self.gait_prior_scale
-        direction = torch.where(self._command[:, 0] < 0, -1.0, 1.0).to(self.dtype)
+        direction = torch.where(self.commands.command[:, 0] < 0, -1.0, 1.0).to(self.dtype)
         swing = direction * torch.sin(phase)
         lift = (task["gait_prior_lift"] * ramp).unsqueeze(-1)
         lifts = torch.stack((swing.clamp(min=0.0), (-swing).clamp(min=0.0)), dim=-1) * lift
-        stride = task["gait_prior_stride_per_mps"] * self._command[:, 0] * torch.cos(phase) * ramp
+        stride = task["gait_prior_stride_per_mps"] * self.commands.command[:, 0] * torch.cos(phase) * ramp
         return lifts @ self._swing_lift + stride.unsqueeze(-1) * self._stride
 
     def _read_state(self, qpos: torch.Tensor, qvel: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -654,7 +648,7 @@ class MicroDuckEnv(MujocoEnv):
                 state["gravity"],
                 qvel[:, 3:6],
                 state["body_velocity"],
-                self._command,
+                self.commands.command,
                 state["joint_error"],
                 qvel[:, 6:],
                 state["clock"],
@@ -716,7 +710,7 @@ class MicroDuckEnv(MujocoEnv):
         sensor = torch.cat(
             [
                 readings["imu"],
-                self._command,
+                self.commands.command,
                 readings["joint_position"],
                 readings["joint_velocity"],
                 readings["clock"],
@@ -749,8 +743,8 @@ class MicroDuckEnv(MujocoEnv):
                 readings["joint_position"],
                 readings["robot_joint_velocity"],
                 self._previous_action,
-                self._command,
-                self._yaw_rate_command.unsqueeze(-1),
+                self.commands.command,
+                self.commands.yaw_rate.unsqueeze(-1),
                 self._no_pose_command.expand(n, -1),
             ],
             dim=-1,
@@ -776,20 +770,15 @@ class MicroDuckEnv(MujocoEnv):
 
         task_id = self._draw_task_id(tensordict, rows)
         episode_task = self._task_table[task_id]
-        command, yaw_rate = self._draw_command(tensordict, episode_task, rows)
+        command, yaw_rate = self.commands.draw(tensordict, episode_task, rows, self.rng)
         qpos, qvel = self._initial_state(episode_task, command)
         self._draw_randomization(rows)
         self.physics.reset(qpos, qvel, mask)
 
         column = rows.unsqueeze(-1)
         self._task_id = torch.where(rows, task_id, self._task_id)
-        self._command = torch.where(column, command, self._command)
-        self._yaw_rate_command = torch.where(rows, yaw_rate, self._yaw_rate_command)
-        if self._twist:
-            interval = self._resample_interval(episode_task)
-            if tensordict is not None and ("command" in tensordict.keys() or "yaw_rate_command" in tensordict.keys()):
-                interval = torch.full_like(interval, math.inf)  # a pinned command holds for the episode
-            self._resample_timer = torch.where(rows, interval, self._resample_timer)
+        pinned = tensordict is not None and ("command" in tensordict.keys() or "yaw_rate_command" in tensordict.keys())
+        self.commands.begin(rows, command, yaw_rate, episode_task, pinned=pinned, generator=self.rng)
         self._adopt_episodes()
         self._step_count = torch.where(rows, torch.zeros_like(self._step_count), self._step_count)
         self._previous_action = torch.where(column, torch.zeros_like(self._previous_action), self._previous_action)
@@ -798,7 +787,7 @@ class MicroDuckEnv(MujocoEnv):
         self._contacts = self.foot_contacts()
         self._foot_heights = self.foot_heights()
         state = self._read_state(self.physics.qpos, self.physics.qvel)
-        self._target_heading = torch.where(rows, state["heading"].detach(), self._target_heading)
+        self.commands.aim(rows, state["heading"])
         self._tracked_velocity = torch.where(column, torch.zeros_like(self._tracked_velocity), self._tracked_velocity)
         self._tracked_yaw_rate = torch.where(rows, torch.zeros_like(self._tracked_yaw_rate), self._tracked_yaw_rate)
         self._unwrapped_heading = torch.where(rows, state["heading"].detach(), self._unwrapped_heading)
@@ -875,117 +864,10 @@ class MicroDuckEnv(MujocoEnv):
             if outside.any():
                 raise ValueError(
                     f"task_id at reset must index the library of {num_tasks} tasks (0..{num_tasks - 1}); "
-                    f"got {_first(task_id[outside].tolist())}."
+                    f"got {first(task_id[outside].tolist())}."
                 )
             return torch.where(rows, task_id, self._task_id)
         return torch.multinomial(self.tasks.weight, self.num_envs, replacement=True, generator=self.rng)
-
-    def _draw_command(
-        self, tensordict: TensorDictBase | None, episode_task: Mapping[str, Any], rows: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each env's twist for a reset: the planar command ``(num_envs, 2)`` and the yaw rate ``(num_envs,)``.
-
-        ``command`` and ``yaw_rate_command`` entries of the reset TensorDict pin
-        them (inside the task's box and range) for the whole episode; the rest is drawn.
-        """
-        command, yaw_rate = self._draw_twist(episode_task)
-        pinned = tensordict is not None and "command" in tensordict.keys()
-        if pinned:
-            command = self._pinned_command(tensordict["command"], episode_task, rows)
-        if tensordict is not None and "yaw_rate_command" in tensordict.keys():
-            yaw_rate = self._pinned_yaw_rate(tensordict["yaw_rate_command"], episode_task, rows)
-        elif pinned and self._twist:
-            # A pinned planar command is not turned by a drawn yaw rate.
-            yaw_rate = torch.zeros_like(yaw_rate)
-        return command, yaw_rate
-
-    def _draw_twist(self, episode_task: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-        """A twist drawn per env from its task: uniform in the box and the yaw range, then the task's
-        shares of standing (a zero twist) and turning in place (no planar command, a yaw rate of at least
-        ``TURN_IN_PLACE_MIN_FRACTION`` of the range's largest magnitude)."""
-        low, high = episode_task["command_low"], episode_task["command_high"]
-        fraction = torch.rand(self.num_envs, 2, generator=self.rng, device=self.device, dtype=self.dtype)
-        command = low + fraction * (high - low)
-        yaw_rate = torch.zeros(self.num_envs, dtype=self.dtype, device=self.device)
-        if not self._twist:
-            return command, yaw_rate
-        n = self.num_envs
-        draws = torch.rand(n, 4, generator=self.rng, device=self.device, dtype=self.dtype)
-        yaw_low, yaw_high = episode_task["yaw_rate_range"].unbind(-1)
-        yaw_rate = yaw_low + draws[:, 0] * (yaw_high - yaw_low)
-        standing = draws[:, 1] < episode_task["standing_fraction"]
-        turning = ~standing & (draws[:, 1] < episode_task["standing_fraction"] + episode_task["turn_in_place_fraction"])
-        largest = torch.maximum(yaw_low.abs(), yaw_high.abs())
-        magnitude = largest * (
-            presets.TURN_IN_PLACE_MIN_FRACTION + (1 - presets.TURN_IN_PLACE_MIN_FRACTION) * draws[:, 2]
-        )
-        turn = torch.where(draws[:, 3] < 0.5, -magnitude, magnitude).clamp(yaw_low, yaw_high)
-        yaw_rate = torch.where(turning, turn, torch.where(standing, torch.zeros_like(yaw_rate), yaw_rate))
-        still = (standing | turning).unsqueeze(-1)
-        command = torch.where(still, torch.zeros_like(command).clamp(low, high), command)
-        return command, yaw_rate
-
-    def _pinned_command(
-        self, command: torch.Tensor, episode_task: Mapping[str, Any], rows: torch.Tensor
-    ) -> torch.Tensor:
-        low, high = episode_task["command_low"], episode_task["command_high"]
-        command = command.to(self.device, self.dtype)
-        if command.shape != (self.num_envs, 2) or not torch.isfinite(command[rows]).all():
-            raise ValueError(
-                f"command at reset must be a finite ({self.num_envs}, 2) tensor of (vx, vy); "
-                f"got shape {tuple(command.shape)}."
-            )
-        outside = rows.unsqueeze(-1) & ((command < low - 1e-6) | (command > high + 1e-6))
-        if outside.any():
-            bad = outside.any(-1).nonzero().flatten().tolist()
-            shown = bad[:_LISTED]
-            raise ValueError(
-                f"command at reset is outside the task's command box for envs {_first(bad)}: "
-                f"got {command[shown].tolist()}, boxes low={low[shown].tolist()} high={high[shown].tolist()}."
-            )
-        return command
-
-    def _pinned_yaw_rate(
-        self, yaw_rate: torch.Tensor, episode_task: Mapping[str, Any], rows: torch.Tensor
-    ) -> torch.Tensor:
-        yaw_rate = yaw_rate.to(self.device, self.dtype)
-        if yaw_rate.shape == (self.num_envs, 1):
-            yaw_rate = yaw_rate.squeeze(-1)
-        if yaw_rate.shape != (self.num_envs,) or not torch.isfinite(yaw_rate[rows]).all():
-            raise ValueError(
-                f"yaw_rate_command at reset must be a finite ({self.num_envs}, 1) or ({self.num_envs},) tensor "
-                f"of rad/s; got shape {tuple(yaw_rate.shape)}."
-            )
-        low, high = episode_task["yaw_rate_range"].unbind(-1)
-        outside = rows & ((yaw_rate < low - 1e-6) | (yaw_rate > high + 1e-6))
-        if outside.any():
-            bad = outside.nonzero().flatten().tolist()
-            shown = bad[:_LISTED]
-            raise ValueError(
-                f"yaw_rate_command at reset is outside the task's yaw_rate_range for envs {_first(bad)}: "
-                f"got {yaw_rate[shown].tolist()}, ranges low={low[shown].tolist()} high={high[shown].tolist()}."
-            )
-        return yaw_rate
-
-    def _resample_interval(self, episode_task: Mapping[str, Any]) -> torch.Tensor:
-        """Seconds until each env's next command: uniform in its task's ``command_resample_s``, inf for none."""
-        low, high = episode_task["command_resample_s"].unbind(-1)
-        fraction = torch.rand(self.num_envs, generator=self.rng, device=self.device, dtype=self.dtype)
-        return torch.where(high > 0, low + fraction * (high - low), torch.full_like(low, math.inf))
-
-    def _resample_commands(self, state: dict[str, torch.Tensor]) -> None:
-        """Give the envs whose command interval ran out a new twist, a new interval, and the heading they
-        have now as the one the new command turns from."""
-        self._resample_timer = self._resample_timer - self.control_dt
-        due = self._resample_timer <= 0
-        if not bool(due.any()):
-            return
-        command, yaw_rate = self._draw_twist(self._episode_task)
-        self._command = torch.where(due.unsqueeze(-1), command, self._command)
-        self._yaw_rate_command = torch.where(due, yaw_rate, self._yaw_rate_command)
-        self._resample_timer = torch.where(due, self._resample_interval(self._episode_task), self._resample_timer)
-        self._target_heading = torch.where(due, state["heading"].detach(), self._target_heading)
-        self._adopt_episodes()
 
     def _uniform(self, *shape: int) -> torch.Tensor:
         """Uniform samples in [-1, 1) from the env's generator."""
@@ -1083,8 +965,7 @@ class MicroDuckEnv(MujocoEnv):
         self._step_count = self._step_count + 1
         self._update_contacts(nonfinite)
         state = self._read_state(qpos, qvel)
-        if self._twist:
-            self._target_heading = self._target_heading + self._yaw_rate_command * self.control_dt
+        self.commands.turn()
         self._advance_tracking_window(state)
         features = self._reward_features(state, clipped)
         features["fallen"] = features["fallen"] | nonfinite
@@ -1099,8 +980,8 @@ class MicroDuckEnv(MujocoEnv):
             weighted = self._unpaid_while_fallen(weighted, features["fallen"] & ~terminated)
         truncated = self._step_count >= self.max_episode_steps
         self._previous_action = clipped
-        if self._twist:
-            self._resample_commands(state)
+        if self.commands.redraw_due(self._episode_task, state["heading"], self.rng):
+            self._adopt_episodes()
 
         out = self._observation_dict(state)
         if self.diagnostics:
@@ -1127,7 +1008,7 @@ class MicroDuckEnv(MujocoEnv):
             raise ValueError(f"action must be a floating tensor of shape {expected}, got dtype {action.dtype}.")
         if not torch.isfinite(action).all():
             bad = (~torch.isfinite(action)).any(-1).nonzero().flatten().tolist()
-            raise ValueError(f"action of shape {expected} has non-finite entries in envs {_first(bad)}.")
+            raise ValueError(f"action of shape {expected} has non-finite entries in envs {first(bad)}.")
         return action.to(self.dtype)
 
     def _update_contacts(self, nonfinite: torch.Tensor) -> None:
@@ -1200,9 +1081,9 @@ class MicroDuckEnv(MujocoEnv):
             "foot_heights": self._foot_heights,
             "touchdown_air_time": self._touchdown_air_time,
             "gait_phase": state["phase"],
-            "heading_error": wrap_angle(state["heading"] - self._target_heading),
-            "command": self._command,
-            "yaw_rate_command": self._yaw_rate_command,
+            "heading_error": wrap_angle(state["heading"] - self.commands.target_heading),
+            "command": self.commands.command,
+            "yaw_rate_command": self.commands.yaw_rate,
             "tracked_velocity": state["body_velocity"][:, :2]
             if self._floor_positions is None
             else self._tracked_velocity,
@@ -1218,9 +1099,9 @@ class MicroDuckEnv(MujocoEnv):
             "observation": self._observation(state),
             "sensor_observation": self._sensor_observation(readings, reset_rows),
             "robot_observation": self._robot_observation(readings, state, reset_rows),
-            "command": self._command.clone(),
-            "yaw_rate_command": self._yaw_rate_command.unsqueeze(-1).clone(),
-            "heading_error": wrap_angle(state["heading"] - self._target_heading).unsqueeze(-1),
+            "command": self.commands.command.clone(),
+            "yaw_rate_command": self.commands.yaw_rate.unsqueeze(-1).clone(),
+            "heading_error": wrap_angle(state["heading"] - self.commands.target_heading).unsqueeze(-1),
             "task_id": self._task_id.unsqueeze(-1).clone(),
         }
         if self.randomization.active:
