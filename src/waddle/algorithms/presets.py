@@ -41,27 +41,25 @@ JUMP_MIX_WEIGHT = 3.0
 """Draw weight of the jump row in ``jump-mix`` (the others weigh 1), as in the reference's recipe."""
 
 WALKING_STEPS = 6_000_000
-"""Step budget of a new run of the walking tasks (``walk``, ``speed-range``, ``sidestep``).
-
-Walking takes longer than standing: on ``walk`` (mirror loss 0.3), PPO held 0.2 m/s within 0.05
-(forward, and sideways within 0.05 of zero) after 1.31M env steps with each of seeds 0, 1 and 2
-(``benchmarks/learning.py --parts walk --seeds 0 1 2``); at 6M they walked 0.218, 0.213 and
-0.203 m/s with at most 0.001 m/s of sideways speed. 6M took about 21 minutes on 2 cores."""
+"""Step budget of a new run of the walking tasks (``walk``, ``speed-range``, ``sidestep``): walking takes
+longer than standing. The figures behind it, with the command that measures them: docs/microduck.md,
+"Step budgets of the recipes"."""
 
 WALKING_MIRROR_LOSS = {"ppo": {"mirror_loss_coef": 0.3}}
-"""PPO's mirror loss on the tasks that walk forward: without it, speed-range's policies walked 0.3 m/s with a
-95th-percentile yaw drift of 53-67 degrees over 20 s (seeds 0-2); at 0.3 they drifted 11-24 degrees and
-still held every command within 0.03 m/s (docs/microduck.md, "Walking straight: the mirror loss")."""
+"""PPO's mirror loss on the tasks that walk forward: a symmetric robot's straight gait is its own mirror
+image, and the loss keeps a policy's heading from drifting (docs/microduck.md, "Walking straight: the
+mirror loss")."""
 
 
 JOYSTICK_STEPS = 12_000_000
-"""The joystick recipe's step budget: about 50 minutes of PPO on 2 CPU cores."""
+"""The joystick recipe's step budget, within the hour of training on 2 CPU cores the robot issue allows
+(docs/deploy.md, "The robot's own contract")."""
 
 JOYSTICK_PRIOR_FADE_STEPS = 6_000_000
-"""Env steps over which the joystick recipe's gait prior fades out. Trained from the start without one, the
-robot's clock-free policy learned to stand and never stepped (1.5M env steps, seed 0): nothing paid for a
-step until it landed one. On the prior's swing-leg lift it steps from the first iterations; as the lift
-fades, the network, which sees its legs move but no clock, has to lift them itself."""
+"""Env steps over which the joystick recipe's gait prior fades out. Without one, nothing pays for a step
+until the policy lands one, and a clock-free policy settles on standing; on the prior's swing-leg lift it
+steps from the first iterations, and as the lift fades the network, which sees its legs move but no clock,
+has to lift them itself (docs/deploy.md has the runs that showed it)."""
 
 JOYSTICK_ACTION_SCALE = 0.7
 """Radians of servo target per unit of action of the joystick recipe: the gamepad runtime's own default, so
@@ -76,7 +74,8 @@ GETUP_STEPS = 12_000_000
 """The getup recipe's step budget."""
 
 JOYSTICK_GETUP_STEPS = 20_000_000
-"""The joystick-getup recipe's step budget: walking and getting up in one policy, within 90 minutes on 2 cores."""
+"""The joystick-getup recipe's step budget: walking and getting up in one policy, within the 90 minutes of
+training on 2 cores the get-up issue allows."""
 
 GETUP_RUN = {
     "total_steps": GETUP_STEPS,
@@ -230,8 +229,7 @@ docs/differentiable.md, "SHAC on the MicroDuck"):
   and fell back less than 16 or 32 (more updates from the same steps);
 - 128-step training episodes: the policy keeps meeting the first second after a reset, where a
   standing policy trained on 500-step episodes forgot how to catch itself;
-- 25,600 env steps: 100 windows, about 5 minutes on 2 cores, over which the learning rates fall to zero
-  (``SHACConfig.lr_schedule``)."""
+- 25,600 env steps: 100 windows, over which the learning rates fall to zero (``SHACConfig.lr_schedule``)."""
 
 
 def algorithm(name: str) -> Algorithm:
