@@ -84,7 +84,8 @@ GETUP_RUN = {
     "action_scale": JOYSTICK_ACTION_SCALE,
     "max_episode_steps": 1000,
 }
-"""Run fields of the get-up recipes: the robot's contract under upstream's randomization, 20 s episodes."""
+"""Run fields of the get-up recipes: the robot's contract under upstream's randomization, 20 s episodes
+(``getup`` shortens them to 10 s: every episode starts on the floor, and a get-up takes seconds)."""
 
 
 @dataclass(frozen=True)
@@ -155,7 +156,9 @@ TASK_RECIPES: dict[str, TaskRecipe] = {
         algorithms=JOYSTICK_ALGORITHMS,
     ),
     # Getting up, on the same contract: episodes that start on the floor and go on after a fall.
-    "getup": TaskRecipe(lambda: [MicroDuckEnv.getup_task()], run=GETUP_RUN, algorithms=JOYSTICK_ALGORITHMS),
+    "getup": TaskRecipe(
+        lambda: [MicroDuckEnv.getup_task()], run={**GETUP_RUN, "max_episode_steps": 500}, algorithms=JOYSTICK_ALGORITHMS
+    ),
     "joystick-getup": TaskRecipe(
         lambda: [MicroDuckEnv.joystick_getup_task(**WALKING_PRIOR)],
         run={**GETUP_RUN, "total_steps": JOYSTICK_GETUP_STEPS, "gait_prior_fade_steps": JOYSTICK_PRIOR_FADE_STEPS},

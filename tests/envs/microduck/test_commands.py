@@ -9,7 +9,6 @@ import torch
 from waddle.envs.microduck.commands import TwistCommands
 from waddle.envs.microduck.tasks import joystick_task, tracking_task
 
-
 FIELDS = ("command_low", "command_high", "yaw_rate_range", "standing_fraction", "turn_in_place_fraction")
 
 
@@ -37,7 +36,9 @@ def test_a_timer_that_runs_out_redraws_that_env_and_aims_it_at_its_heading():
     torch.testing.assert_close(commands.target_heading, expected_heading)
     before = commands.command.clone()
     assert commands.redraw_due(task, torch.tensor([1.0, 2.0, 3.0]), generator)  # the third step: 0.06 > 0.05
-    torch.testing.assert_close(commands.target_heading[:2], torch.tensor([1.0, 2.0]))  # the redrawn envs turn from where they are
+    torch.testing.assert_close(
+        commands.target_heading[:2], torch.tensor([1.0, 2.0])
+    )  # the redrawn envs turn from where they are
     assert not torch.equal(commands.command[:2], before[:2]) and torch.equal(commands.command[2], before[2])
 
 

@@ -63,7 +63,7 @@ BUILT_IN_PARAMS = {
     "jump_target_height": 0.005,
     "launch_velocity_scale": 0.5,
     "stride_yaw_rate_std": 0.15,
-    "getup_lying_height": 0.07,
+    "getup_lying_height": 0.05,
     "pose_std": 0.5,
     "progress_off_axis_std": 0.0,
     "progress_overspeed": 0.0,
@@ -246,17 +246,17 @@ def test_stride_yaw_rate_reads_the_tracked_yaw_rate_against_the_command():
 
 
 def test_getup_pays_for_the_way_up_and_nothing_for_lying():
-    # Standing height 0.12, lying height 0.07: the height fraction is (h - 0.07) / 0.05.
+    # Standing height 0.12, lying height 0.05: the height fraction is (h - 0.05) / 0.07.
     features = make_features(
         5,
         upright=[1.0, 1.0, 0.0, 0.6, -1.0],
-        base_height=[0.12, 0.095, 0.065, 0.12, 0.12],
+        base_height=[0.12, 0.085, 0.064, 0.12, 0.12],
         standing_height=[0.12] * 5,
     )
-    # Upright and standing: 1; upright halfway up: 0.5; on a side at a lying height: 0;
+    # Upright and standing: 1; upright halfway up: 0.5; on its back at its lying height: 0;
     # tilted (cos 0.6) at full height: 0.36; upside down: 0.
     assert_values(term("getup", features), [1.0, 0.5, 0.0, 0.36, 0.0])
-    features = make_features(1, base_height=[0.05], standing_height=[0.12])  # upright but lower than any lying height
+    features = make_features(1, base_height=[0.047], standing_height=[0.12])  # folded upright on its legs
     assert_values(term("getup", features), [0.0])
 
 

@@ -671,12 +671,14 @@ def stride_yaw_rate(features: Features, params: Features) -> torch.Tensor:
     return torch.exp(-error.square() / params["stride_yaw_rate_std"].square())
 
 
-@register_reward("getup", weight=0.0, getup_lying_height=0.07)
+@register_reward("getup", weight=0.0, getup_lying_height=0.05)
 def getup(features: Features, params: Features) -> torch.Tensor:
-    """How far up the robot is: the squared upright cosine (0 on a side, back or front) times the trunk's
-    height as a fraction of the way from ``getup_lying_height`` (above any way of lying) to standing.
+    """How far up the robot is: the squared upright cosine (0 on a side, the back or the front) times the
+    trunk's height as a fraction of the way from ``getup_lying_height`` to standing.
 
-    Lying still, at any height a lying robot reaches, earns nothing; standing earns 1.
+    0.05 m is a little above the trunk of a robot folded upright on its legs (0.047 m), so the way up from
+    there pays from its first centimetre, while a robot lying on its back or a side (upright cosine near 0)
+    earns next to nothing; standing earns 1.
     """
     upright = features["upright"].clamp(0.0, 1.0)
     lying = params["getup_lying_height"]
