@@ -587,9 +587,8 @@ class MicroDuckEnv(MujocoEnv):
         params and gait clock frequency (Hz)."""
         self._episode_task = task = self._task_table[self._task_id]
         self._episode_params = task["params"]
-        self._gait_frequency = task["gait_frequency_hz"] + task["gait_frequency_per_mps"] * self.commands.command.norm(
-            dim=-1
-        )
+        speed = self.commands.command.norm(dim=-1)
+        self._gait_frequency = task["gait_frequency_hz"] + task["gait_frequency_per_mps"] * speed
         cycles = self._episode_params["tracking_window_cycles"]
         steps = (cycles / (self._gait_frequency * self.control_dt)).round().clamp_min(1.0)
         self._window_steps = torch.where(cycles > 0, steps, torch.zeros_like(steps)).long()
