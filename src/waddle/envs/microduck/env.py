@@ -1,4 +1,4 @@
-"""MicroDuckEnv: locomotion tasks (stand, walk, sidestep, jump) for the MicroDuck biped.
+"""MicroDuckEnv: locomotion tasks (stand, walk, sidestep, turn, jump, get up) for the MicroDuck biped.
 
 The env is one class; tasks are data (:class:`MicroDuckTask` rows of a
 library, see ``tasks.py``) and the reward is a registry of named terms (see
