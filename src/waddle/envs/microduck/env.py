@@ -273,10 +273,11 @@ class MicroDuckEnv(MujocoEnv):
         self.scene_path = self.resolve_scene(microduck_root, root=root, download=download)
         spec = assets.load_spec(self.scene_path, low_cost_collisions=low_cost_collisions)
         library = presets.as_task_library(presets.tracking_task() if tasks is None else tasks)
+        # Libraries that never start on the floor draw nothing for it; one that can lie down needs the limbs.
+        self._lying = bool((library.lying_start_fraction > 0).any())
+        self._recovers = bool((library.fall_terminates == 0).any())
         if limb_collisions is None:
-            limb_collisions = ground_contact.needs_limb_collisions(
-                library.lying_start_fraction, library.fall_terminates
-            )
+            limb_collisions = self._lying or self._recovers
         if not isinstance(limb_collisions, bool):
             raise ValueError(
                 f"limb_collisions must be True, False or None (as the tasks need), got {limb_collisions!r}."
@@ -307,9 +308,6 @@ class MicroDuckEnv(MujocoEnv):
             or (self.tasks.standing_fraction > 0).any()
             or (self.tasks.command_resample_s > 0).any()
         )
-        # Libraries that never start on the floor draw nothing for it.
-        self._lying = bool((self.tasks.lying_start_fraction > 0).any())
-        self._recovers = bool((self.tasks.fall_terminates == 0).any())
         self._paid_only_upright = torch.tensor(
             [name != "getup" for name in self.REWARD_TERMS], dtype=torch.bool, device=self.device
         )
@@ -414,7 +412,6 @@ class MicroDuckEnv(MujocoEnv):
         self._ring_slot = 0
         self._tracked_velocity = torch.zeros(self.num_envs, 2, dtype=self.dtype, device=self.device)
         self._tracked_yaw_rate = torch.zeros(self.num_envs, dtype=self.dtype, device=self.device)
-        self._unwrapped_heading = torch.zeros(self.num_envs, dtype=self.dtype, device=self.device)
 
     def _allocate_randomization_state(self) -> None:
         config, n = self.randomization, self.num_envs
@@ -531,7 +528,6 @@ class MicroDuckEnv(MujocoEnv):
         self._foot_heights = self._foot_heights.detach()
         self._tracked_velocity = self._tracked_velocity.detach()
         self._tracked_yaw_rate = self._tracked_yaw_rate.detach()
-        self._unwrapped_heading = self._unwrapped_heading.detach()
         if self._floor_positions is not None:
             self._floor_positions = self._floor_positions.detach()
         self._sensor = self._sensor.detach()
@@ -789,9 +785,8 @@ class MicroDuckEnv(MujocoEnv):
         self.commands.aim(rows, state["heading"])
         self._tracked_velocity = torch.where(column, torch.zeros_like(self._tracked_velocity), self._tracked_velocity)
         self._tracked_yaw_rate = torch.where(rows, torch.zeros_like(self._tracked_yaw_rate), self._tracked_yaw_rate)
-        self._unwrapped_heading = torch.where(rows, state["heading"].detach(), self._unwrapped_heading)
         if self._floor_positions is not None:
-            here = torch.cat([state["qpos"][:, :2], self._unwrapped_heading.unsqueeze(-1)], dim=-1)
+            here = torch.cat([state["qpos"][:, :2], state["heading"].detach().unsqueeze(-1)], dim=-1)
             floor = here.unsqueeze(1).expand_as(self._floor_positions)
             self._floor_positions = torch.where(rows.view(-1, 1, 1), floor, self._floor_positions)
 
@@ -1030,13 +1025,15 @@ class MicroDuckEnv(MujocoEnv):
         surge and twist inside a gait cycle. Others get the instantaneous body velocity
         and yaw rate.
         """
-        self._unwrapped_heading = self._unwrapped_heading + wrap_angle(state["heading"] - self._unwrapped_heading)
         if self._floor_positions is None:
             self._tracked_yaw_rate = state["qvel"][:, 5]
             return
+        # The newest slot holds the last heading, unwrapped: this step's turn is added to it.
+        last = self._floor_positions[:, self._ring_slot, 2]
+        unwrapped = last + wrap_angle(state["heading"] - last)
         slots = self._floor_positions.shape[1]
         self._ring_slot = (self._ring_slot + 1) % slots
-        floor = torch.cat([state["qpos"][:, :2].to(self.dtype), self._unwrapped_heading.unsqueeze(-1)], dim=-1)
+        floor = torch.cat([state["qpos"][:, :2].to(self.dtype), unwrapped.unsqueeze(-1)], dim=-1)
         here = self._ring_slots[self._ring_slot : self._ring_slot + 1]
         positions = self._floor_positions.index_copy(1, here, floor.unsqueeze(1))
         span = torch.minimum(self._window_steps, self._step_count).clamp_min(1)

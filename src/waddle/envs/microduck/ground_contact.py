@@ -10,8 +10,8 @@ a leg on the floor bears on the floor where the real leg would.
 The boxes are primitives in the model's collision class (contype 2,
 conaffinity 1): they touch the floor and never each other, and they weigh
 nothing (masses come from the inertials). The env adds them only when a task
-can lie down (:func:`needs_limb_collisions`), so walking pays no extra
-contacts.
+can lie down (``lying_start_fraction > 0`` or ``fall_terminates == 0``), so
+walking pays no extra contacts.
 """
 
 from __future__ import annotations
@@ -110,8 +110,3 @@ def _oriented_box(points: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarra
     low, high = projected.min(0), projected.max(0)
     center = mean + rotation @ ((low + high) / 2)
     return center, rotation, (high - low) / 2
-
-
-def needs_limb_collisions(lying_start_fraction, fall_terminates) -> bool:
-    """Whether a task library can lie on the floor: some task starts there or does not end at a fall."""
-    return bool((np.asarray(lying_start_fraction) > 0).any() or (np.asarray(fall_terminates) == 0).any())
