@@ -431,8 +431,7 @@ def evaluate_tasks(
     if filmed not in names:
         raise ValueError(f"video_task: {video_task!r} is not a task of this library; its tasks are {names}")
     hopping = hop_tasks(tasks)
-    recovering = (tasks.fall_terminates.reshape(-1) == 0).tolist() if hasattr(tasks, "fall_terminates") else []
-    recovering += [False] * (len(names) - len(recovering))
+    recovering = (tasks.fall_terminates.reshape(-1) == 0).tolist()
     results = []
     for index, name in enumerate(names):
         commands = [command] if command is not None else task_commands(tasks[index : index + 1])
