@@ -31,10 +31,9 @@ import os
 import sys
 from pathlib import Path
 
-import numpy as np
 import torch
 from harness import load_line, print_table
-from robot import SCENARIOS, drive, export, train
+from robot import SCENARIOS, act, add_run_arguments, drive, trained_file
 
 from waddle.algorithms.presets import fixed_command
 from waddle.algorithms.recovery import STANDING_GRAVITY_Z, STANDING_TRUNK_HEIGHT, RecoveryTracker
@@ -61,11 +60,6 @@ def environment(spec, task, episodes: int, steps: int, seed: int) -> MicroDuckEn
         max_episode_steps=steps,
         limb_collisions=True,
     )
-
-
-def act(policy: RobotPolicy, td) -> torch.Tensor:
-    observations = td["robot_observation"].numpy()
-    return torch.from_numpy(np.stack([policy(row) for row in observations])).float()  # batch 1, as on the robot
 
 
 def lying_start(path: Path, side: int, *, episodes: int, seed: int) -> dict[str, float]:
@@ -134,23 +128,11 @@ def pushed_while_walking(path: Path, *, episodes: int, seed: int) -> dict[str, f
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--task", choices=("joystick-getup", "getup"), default="joystick-getup")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1], metavar="S")
-    parser.add_argument("--minutes", type=float, default=90.0, help="training time limit per seed (default 90)")
-    parser.add_argument("--runs", type=Path, default=Path("runs/getup"), help="where the runs go (default runs/getup)")
-    parser.add_argument("--skip-train", action="store_true", help="evaluate the runs already under --runs")
-    parser.add_argument("--episodes", type=int, default=64, help="episodes per row (default 64)")
-    parser.add_argument("--eval-seed", type=int, default=12345)
-    parser.add_argument("train_args", nargs=argparse.REMAINDER, help="after --: more waddle train flags")
+    add_run_arguments(parser, minutes=90.0, runs="runs/getup")
     args = parser.parse_args(argv)
-    extra = [flag for flag in args.train_args if flag != "--"]
     print(f"MicroDuck get-up benchmark: {load_line('at the start')}; torch threads {torch.get_num_threads()}")
     for seed in args.seeds:
-        run = args.runs / f"seed{seed}"
-        minutes = math.nan
-        if not args.skip_train:
-            minutes = train(run, seed, args.minutes, extra, task=args.task)
-        checkpoint = torch.load(run / "checkpoint.pt", map_location="cpu", weights_only=False)
-        path = export(run)
+        run, minutes, checkpoint, path = trained_file(args, seed, args.task)
         rows = []
         for side, name in enumerate(LYING_STARTS):
             figures = lying_start(path, side, episodes=args.episodes, seed=args.eval_seed)

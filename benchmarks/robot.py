@@ -82,6 +82,12 @@ def scenario_task(scenario: Scenario):
     return row
 
 
+def act(policy: RobotPolicy, td) -> torch.Tensor:
+    """The file's actions for every env's robot observation, one call per env: the file is batch 1, as on
+    the robot."""
+    return torch.from_numpy(np.stack([policy(row) for row in td["robot_observation"].numpy()])).float()
+
+
 def drive(policy_path: Path, scenario: Scenario, *, episodes: int, steps: int, seed: int) -> dict[str, float]:
     """Run ``episodes`` episodes of ``scenario`` with the file at ``policy_path`` alone; measure them."""
     spec = parse_policy_file(policy_path)
@@ -104,9 +110,7 @@ def drive(policy_path: Path, scenario: Scenario, *, episodes: int, steps: int, s
     velocity_sum = torch.zeros(episodes, 2, dtype=torch.float64)
     lengths = torch.zeros(episodes)
     for _ in range(steps):
-        observations = td["robot_observation"].numpy()
-        actions = np.stack([policy(row) for row in observations])  # the file is batch 1, as on the robot
-        td = env.step(td.set("action", torch.from_numpy(actions).float()))["next"]
+        td = env.step(td.set("action", act(policy, td)))["next"]
         done = td["done"].reshape(-1)
         terminated = td["terminated"].reshape(-1)
         new_heading = env.heading().double()
@@ -156,26 +160,38 @@ def export(run: Path) -> Path:
     return path
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_run_arguments(parser: argparse.ArgumentParser, *, minutes: float, runs: str) -> None:
+    """The flags of a benchmark that trains a run per seed, exports it and drives the file."""
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1], metavar="S")
-    parser.add_argument("--minutes", type=float, default=60.0, help="training time limit per seed (default 60)")
-    parser.add_argument("--runs", type=Path, default=Path("runs/robot"), help="where the runs go (default runs/robot)")
+    parser.add_argument(
+        "--minutes", type=float, default=minutes, help=f"training time limit per seed (default {minutes:g})"
+    )
+    parser.add_argument("--runs", type=Path, default=Path(runs), help=f"where the runs go (default {runs})")
     parser.add_argument("--skip-train", action="store_true", help="evaluate the runs already under --runs")
-    parser.add_argument("--episodes", type=int, default=64, help="episodes per scenario (default 64)")
-    parser.add_argument("--steps", type=int, default=1000, help="control steps per episode (default 1000 = 20 s)")
+    parser.add_argument("--episodes", type=int, default=64, help="episodes per row (default 64)")
     parser.add_argument("--eval-seed", type=int, default=12345)
     parser.add_argument("train_args", nargs=argparse.REMAINDER, help="after --: more waddle train flags")
+
+
+def trained_file(args: argparse.Namespace, seed: int, task: str) -> tuple[Path, float, dict, Path]:
+    """Train seed ``seed`` of ``task`` (unless ``--skip-train``) and export it: the run, its training minutes
+    (NaN when skipped), its checkpoint and the exported file."""
+    run = args.runs / f"seed{seed}"
+    minutes = math.nan
+    if not args.skip_train:
+        minutes = train(run, seed, args.minutes, [flag for flag in args.train_args if flag != "--"], task=task)
+    checkpoint = torch.load(run / "checkpoint.pt", map_location="cpu", weights_only=False)
+    return run, minutes, checkpoint, export(run)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_run_arguments(parser, minutes=60.0, runs="runs/robot")
+    parser.add_argument("--steps", type=int, default=1000, help="control steps per episode (default 1000 = 20 s)")
     args = parser.parse_args(argv)
-    extra = [flag for flag in args.train_args if flag != "--"]
     print(f"MicroDuck robot benchmark: {load_line('at the start')}; torch threads {torch.get_num_threads()}")
     for seed in args.seeds:
-        run = args.runs / f"seed{seed}"
-        minutes = math.nan
-        if not args.skip_train:
-            minutes = train(run, seed, args.minutes, extra)
-        checkpoint = torch.load(run / "checkpoint.pt", map_location="cpu", weights_only=False)
-        path = export(run)
+        run, minutes, checkpoint, path = trained_file(args, seed, "joystick")
         meta = parse_policy_file(path)
         rows = []
         for scenario in SCENARIOS:
