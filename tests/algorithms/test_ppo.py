@@ -241,6 +241,7 @@ def test_deterministic_policy_is_the_clamped_mean():
         ("init_log_std", 2.0, r"init_log_std must be in \[-5.0, 1.0\]"),
         ("mirror_loss_coef", -1.0, "mirror_loss_coef must be a finite number >= 0"),
         ("mirror_loss_coef", math.inf, "mirror_loss_coef must be a finite number >= 0"),
+        ("symmetric_policy", "yes", "symmetric_policy must be None, True or False"),
     ],
 )
 def test_config_validation(field, value, message):
@@ -301,6 +302,50 @@ def test_mirror_loss_needs_an_env_that_declares_its_mirror():
         ValueError, match=r"mirror_loss_coef > 0 needs the env's left-right reflection of \['observation', 'action'\]"
     ):
         PPO(env, PPOConfig(mirror_loss_coef=1.0, **TINY))
+
+
+@pytest.mark.parametrize(
+    ("fields", "symmetric"),
+    [
+        ({"actor_observation": "robot", "mirror_loss_coef": 0.3}, True),  # the robot's file: on by default
+        ({"actor_observation": "robot", "mirror_loss_coef": 0.3, "symmetric_policy": False}, False),
+        ({"actor_observation": "robot"}, False),  # no mirror loss: not trained toward symmetry
+        ({"mirror_loss_coef": 0.3}, False),  # the full observation's walking recipes keep their plain mean
+        ({"symmetric_policy": True}, True),
+    ],
+)
+def test_the_deterministic_policy_is_the_mirror_average_where_asked(fields, symmetric):
+    from waddle.envs.microduck import MicroDuckEnv
+
+    torch.manual_seed(0)
+    env = MicroDuckEnv(tasks=[MicroDuckEnv.joystick_task()], num_envs=6, seed=0, action_mode="robot")
+    trainer = PPO(env, PPOConfig(**TINY, **fields))
+    key = trainer.actor_key
+    observe, act = MicroDuckEnv.MIRRORS[key], MicroDuckEnv.MIRRORS["action"]
+    td = env.reset()
+    for _ in range(3):
+        td = env.step(td.set("action", torch.rand(6, 14) * 0.6 - 0.3))["next"]
+    observation = td[key]
+    env.close()
+    policy = trainer.deterministic_policy()
+    with torch.no_grad():
+        direct, reflected = policy(observation), policy(observe(observation))
+        loc, _ = trainer.policy(observation)
+        loc_reflected, _ = trainer.policy(observe(observation))
+    assert policy.symmetric is symmetric
+    if symmetric:
+        # Equivariant to rounding, and by hand the mean of the actor and its mirror image.
+        torch.testing.assert_close(reflected, act(direct), atol=1e-6, rtol=0)
+        torch.testing.assert_close(direct, (0.5 * (loc + act(loc_reflected))).clamp(-1, 1), atol=1e-6, rtol=0)
+    else:
+        torch.testing.assert_close(direct, loc.clamp(-1, 1))
+        assert (reflected - act(direct)).abs().max() > 1e-3  # a random actor is not equivariant
+
+
+def test_a_symmetric_policy_needs_an_env_that_declares_its_mirror():
+    env = DiffPointEnv(4, action_bound=1.0)
+    with pytest.raises(ValueError, match=r"PPOConfig.symmetric_policy=True needs the env's left-right reflection"):
+        PPO(env, PPOConfig(symmetric_policy=True, **TINY))
 
 
 # ---------------------------------------------------------------------------

@@ -104,6 +104,28 @@ def test_the_files_actions_are_the_torch_actors_on_the_robots_observations(expor
     env.close()
 
 
+def test_the_file_answers_the_mirrored_robot_with_the_mirrored_action(exported):
+    """The joystick recipe's file is the actor averaged with its mirror image: a robot reflected left to right
+    gets the reflected action, to float32 rounding, so the file has no turn of its own."""
+    from waddle.envs.microduck.symmetry import MIRRORS
+
+    _, path = exported
+    observe, act = MIRRORS["robot_observation"], MIRRORS["action"]
+    env = MicroDuckEnv(tasks=[MicroDuckEnv.joystick_task()], num_envs=6, seed=7, action_mode="robot")
+    td = env.reset()
+    for _ in range(4):
+        td = env.step(td.set("action", torch.rand(6, 14) - 0.5))["next"]
+    observations = td["robot_observation"].double()
+    env.close()
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    run = lambda rows: np.stack(  # noqa: E731
+        [session.run(["actions"], {"obs": row[None].astype(np.float32)})[0][0] for row in rows.numpy()]
+    )
+    direct, reflected = run(observations), run(observe(observations))
+    np.testing.assert_allclose(reflected, act(torch.from_numpy(direct).double()).numpy(), atol=2e-6, rtol=0)
+    assert np.abs(direct).max() > 1e-2  # not the trivially symmetric zero policy
+
+
 def test_export_refuses_a_robot_actor_whose_env_still_adds_the_prior(exported, tmp_path, capsys):
     run, _ = exported
     unfinished = tmp_path / "unfinished"

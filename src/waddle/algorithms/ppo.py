@@ -158,6 +158,11 @@ class PPOConfig:
     reflection of its mean action, the latter held fixed (rsl_rl's ``mirror_loss_coeff``). The env says how
     its entries reflect (``MicroDuckEnv.MIRRORS``); a symmetric robot's straight gait is equivariant, and a
     policy that is not turns the same way every cycle."""
+    symmetric_policy: bool | None = None
+    """Whether the deterministic policy (``waddle eval``, ``waddle export``) is the actor's mean averaged with
+    its mirror image, exactly left-right equivariant (:class:`~waddle.modules.networks.PolicyMean`). Training
+    samples around the actor's own mean either way. ``None``: on for an actor that reads the robot observation
+    and is trained with a mirror loss (the robot's file), off otherwise."""
     overlap_rollout: bool = False
     """Collect the next rollout in a background thread while the update runs, with the policy from before
     that update: the simulator keeps stepping during the update, at the price of one iteration of policy
@@ -182,6 +187,8 @@ class PPOConfig:
                 raise ValueError(f"PPOConfig.{name} must be > 0, got {getattr(self, name)!r}.")
         if not (isinstance(self.mirror_loss_coef, (int, float)) and 0.0 <= self.mirror_loss_coef < math.inf):
             raise ValueError(f"PPOConfig.mirror_loss_coef must be a finite number >= 0, got {self.mirror_loss_coef!r}.")
+        if self.symmetric_policy not in (None, True, False):
+            raise ValueError(f"PPOConfig.symmetric_policy must be None, True or False, got {self.symmetric_policy!r}.")
         for name in ("gamma", "gae_lambda"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"PPOConfig.{name} must be in [0, 1], got {getattr(self, name)!r}.")
@@ -311,7 +318,9 @@ def gaussian_kl(old_loc: torch.Tensor, old_scale: torch.Tensor, loc: torch.Tenso
     return kl.sum(-1).mean()
 
 
-def mirrors_of(env: EnvBase, key: str) -> tuple[Callable[[torch.Tensor], torch.Tensor], ...]:
+def mirrors_of(
+    env: EnvBase, key: str, asked_by: str = "PPOConfig.mirror_loss_coef > 0"
+) -> tuple[Callable[[torch.Tensor], torch.Tensor], ...]:
     """The reflections of ``env``'s entry ``key`` and of its action, from the env's ``MIRRORS`` mapping.
 
     Raises:
@@ -321,9 +330,9 @@ def mirrors_of(env: EnvBase, key: str) -> tuple[Callable[[torch.Tensor], torch.T
     missing = [name for name in (key, "action") if name not in mirrors]
     if missing:
         raise ValueError(
-            f"PPOConfig.mirror_loss_coef > 0 needs the env's left-right reflection of {missing}, and "
+            f"{asked_by} needs the env's left-right reflection of {missing}, and "
             f"{type(env).__name__} declares {sorted(mirrors) or 'none'} (a MIRRORS mapping, as MicroDuckEnv's); "
-            "set mirror_loss_coef=0 for an env without one."
+            "set mirror_loss_coef=0 and symmetric_policy=False for an env without one."
         )
     return mirrors[key], mirrors["action"]
 
@@ -466,6 +475,9 @@ class PPO:
                 f"does not report; its entries: {sorted(map(str, env.observation_spec.keys()))}."
             )
         self.mirrors = mirrors_of(env, self.actor_key) if config.mirror_loss_coef > 0 else None
+        self._policy_mirrors = (
+            mirrors_of(env, self.actor_key, "PPOConfig.symmetric_policy=True") if self.symmetric_policy else None
+        )
         self.critic_keys = critic_keys(env, self.actor_key)
         observation_dim = env.observation_spec[self.actor_key].shape[-1]
         action_dim = env.action_spec.shape[-1]
@@ -810,7 +822,15 @@ class PPO:
         """The exportable ``observation -> action`` module (normaliser baked in, mean clamped);
         ``(observation, task_id) -> action`` when task-conditioned. Its ``observation_key``
         names the env entry it reads (``"sensor_observation"`` for a sensors policy)."""
-        return PolicyMean(self.policy, self.action_low, self.action_high).eval()
+        return PolicyMean(self.policy, self.action_low, self.action_high, self._policy_mirrors).eval()
+
+    @property
+    def symmetric_policy(self) -> bool:
+        """Whether :meth:`deterministic_policy` averages the actor with its mirror image
+        (``PPOConfig.symmetric_policy``, its ``None`` resolved)."""
+        if self.config.symmetric_policy is not None:
+            return self.config.symmetric_policy
+        return self.actor_key == ROBOT_OBSERVATION_KEY and self.config.mirror_loss_coef > 0
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue training: networks, normaliser, optimiser, counters,

@@ -301,6 +301,8 @@ def _export_robot_policy(args: argparse.Namespace, policy: torch.nn.Module, env:
         f"[1, {ACTION_DIM}] float32, opset {ROBOT_OPSET}, normaliser included: the MicroDuck daemon's contract"
     )
     print(f"metadata {METADATA_KEY!r}: " + json.dumps(metadata))
+    if getattr(policy, "symmetric", False):
+        print("left-right symmetric: the graph averages the actor with its mirror image (PPOConfig.symmetric_policy)")
     print(f"parity: max |onnx - torch| = {worst:.2e} over {args.samples} random observations")
     return 0
 

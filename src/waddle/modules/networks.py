@@ -20,7 +20,7 @@ observation only and have no embedding parameters.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from tensordict import TensorDictBase
@@ -160,10 +160,16 @@ class PolicyMean(nn.Module):
     plain tensor-in, tensor-out module with no TensorDict and no sampling. A
     task-conditioned policy (``reads_task_id``) takes ``(observation, task_id)``.
 
+    Given ``mirrors`` (the reflections of the observation and of the action), the
+    mean is averaged with its mirror image, ``(mu(o) + M_a mu(M_o o)) / 2``: the
+    exactly left-right equivariant part of the actor. A mirror loss leaves a small
+    asymmetry, and on a biped a small asymmetry is a steady turn.
+
     Args:
         policy: the Gaussian policy whose mean is used.
         low: lower action bound.
         high: upper action bound.
+        mirrors: ``(observation_mirror, action_mirror)``, or ``None`` for the plain mean.
 
     Example:
         >>> mean = PolicyMean(GaussianPolicy(RunningNormalizer(3), 2, (16,)))
@@ -171,11 +177,23 @@ class PolicyMean(nn.Module):
         torch.Size([1, 2])
     """
 
-    def __init__(self, policy: GaussianPolicy, low: float = -1.0, high: float = 1.0) -> None:
+    def __init__(
+        self,
+        policy: GaussianPolicy,
+        low: float = -1.0,
+        high: float = 1.0,
+        mirrors: tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tensor], torch.Tensor]] | None = None,
+    ) -> None:
         super().__init__()
         self.policy = policy
         self.low = float(low)
         self.high = float(high)
+        self.mirrors = mirrors
+
+    @property
+    def symmetric(self) -> bool:
+        """Whether the mean is averaged with its mirror image."""
+        return self.mirrors is not None
 
     @property
     def reads_task_id(self) -> bool:
@@ -188,6 +206,10 @@ class PolicyMean(nn.Module):
 
     def forward(self, observation: torch.Tensor, task_id: torch.Tensor | None = None) -> torch.Tensor:
         loc = self.policy.net(self.policy.features(observation, task_id))
+        if self.mirrors is not None:
+            observation_mirror, action_mirror = self.mirrors
+            reflected = self.policy.net(self.policy.features(observation_mirror(observation), task_id))
+            loc = 0.5 * (loc + action_mirror(reflected))
         return loc.clamp(self.low, self.high)
 
 
