@@ -36,7 +36,7 @@ from harness import load_line, print_table
 from robot import SCENARIOS, act, add_run_arguments, drive, trained_file
 
 from waddle.algorithms.presets import fixed_command
-from waddle.algorithms.recovery import STANDING_GRAVITY_Z, STANDING_TRUNK_HEIGHT, RecoveryTracker
+from waddle.algorithms.recovery import RecoveryTracker
 from waddle.deploy.daemon import RobotPolicy, parse_policy_file
 from waddle.envs.microduck import MicroDuckEnv
 from waddle.envs.microduck.tasks import LYING_STARTS
@@ -72,10 +72,10 @@ def lying_start(path: Path, side: int, *, episodes: int, seed: int) -> dict[str,
     tracker = RecoveryTracker(episodes, env.control_dt)
     running = torch.ones(episodes, dtype=torch.bool)
     td = env.reset()
-    tracker.observe(td["observation"][:, 2], env.base_height(), env.fallen(), running)
+    tracker.observe(env.standing(), env.fallen(), running)
     for _ in range(steps):
         td = env.step(td.set("action", act(policy, td)))["next"]
-        tracker.observe(td["observation"][:, 2], env.base_height(), env.fallen(), running)
+        tracker.observe(env.standing(), env.fallen(), running)
         td = td.exclude("reward", "done", "terminated", "truncated")
     env.close()
     summary = tracker.summary()
@@ -111,7 +111,7 @@ def pushed_while_walking(path: Path, *, episodes: int, seed: int) -> dict[str, f
         if step < push_step:
             continue
         fell |= env.fallen()
-        standing = (td["observation"][:, 2] < STANDING_GRAVITY_Z) & (env.base_height() >= STANDING_TRUNK_HEIGHT)
+        standing = env.standing()
         if step >= push_step + window:
             walking = standing & ((speeds[step - window + 1 : step + 1].mean(0) - WALK_SPEED).abs() <= SPEED_TOLERANCE)
             again = torch.where(torch.isnan(again) & walking, (step + 1 - push_step) * dt, again)

@@ -10,20 +10,19 @@ import torch
 
 from waddle.algorithms.recovery import RecoveryTracker
 
-UP = (-1.0, 0.12, False)  # gravity z, trunk height, down
-KNEEL = (-0.95, 0.09, False)  # upright but low: neither down nor standing
-DOWN = (0.0, 0.05, True)
+UP = (True, False)  # stands, down
+KNEEL = (False, False)  # upright but low: neither down nor standing
+DOWN = (False, True)
 
 
-def run(sequences: list[list[tuple[float, float, bool]]], lengths: list[int] | None = None, dt: float = 0.5):
+def run(sequences: list[list[tuple[bool, bool]]], lengths: list[int] | None = None, dt: float = 0.5):
     steps = len(sequences[0])
     tracker = RecoveryTracker(len(sequences), dt)
     for t in range(steps):
-        gz = torch.tensor([s[t][0] for s in sequences])
-        height = torch.tensor([s[t][1] for s in sequences])
-        down = torch.tensor([s[t][2] for s in sequences])
+        standing = torch.tensor([s[t][0] for s in sequences])
+        down = torch.tensor([s[t][1] for s in sequences])
         counted = torch.tensor([t < (lengths[i] if lengths else steps) for i in range(len(sequences))])
-        tracker.observe(gz, height, down, counted)
+        tracker.observe(standing, down, counted)
     return tracker.summary()
 
 
@@ -46,8 +45,8 @@ def test_a_start_on_the_floor_is_a_fall_and_standing_ends_it():
 def test_the_share_recovered_within_a_time():
     tracker = RecoveryTracker(3, 0.5)
     for state in ([DOWN, DOWN, UP], [DOWN, UP, UP], [UP, UP, DOWN], [UP, UP, DOWN]):
-        gz, height, down = (torch.tensor(column) for column in zip(*state))
-        tracker.observe(gz, height, down, torch.ones(3, dtype=torch.bool))
+        standing, down = (torch.tensor(column) for column in zip(*state))
+        tracker.observe(standing, down, torch.ones(3, dtype=torch.bool))
     # Falls: env 0 stood after 1.0 s, env 1 after 0.5 s, env 2 fell at moment 2 and stays down.
     assert tracker.share_recovered_within(0.5) == pytest.approx(1 / 3)
     assert tracker.share_recovered_within(1.0) == pytest.approx(2 / 3)

@@ -273,9 +273,8 @@ def evaluate(
     low, high = (space.low.float().cpu(), space.high.float().cpu()) if space is not None else (-torch.inf, torch.inf)
     saturation_sum, change_sum = zeros(num_envs), zeros(num_envs)
     previous_action = None
-    watches_falls = callable(getattr(env, "fallen", None)) and callable(getattr(env, "base_height", None))
+    watches_falls = callable(getattr(env, "fallen", None)) and callable(getattr(env, "standing", None))
     recovery = RecoveryTracker(num_envs, env.control_dt) if watches_falls else None
-    gravity_z = getattr(env, "PROJECTED_GRAVITY_START", 0) + 2
 
     frames, renderer = [], None
     if video_path is not None:
@@ -302,7 +301,7 @@ def evaluate(
         above = env.base_height().float().cpu() - float(env.standing_height)
         flight_peak = torch.where(contacts.any(-1), flight_peak, above)
     if recovery is not None:
-        recovery.observe(td["observation"][:, gravity_z], env.base_height(), env.fallen(), running)
+        recovery.observe(env.standing(), env.fallen(), running)
     try:
         for _ in range(max_steps):
             if renderer is not None and running[0]:
@@ -354,7 +353,7 @@ def evaluate(
 
             fell |= running & terminated
             if recovery is not None:
-                recovery.observe(out["observation"][:, gravity_z], env.base_height(), env.fallen(), running)
+                recovery.observe(env.standing(), env.fallen(), running)
             running &= ~done
             if not running.any():
                 break

@@ -2,15 +2,16 @@
 
 A robot is *down* when its trunk tilts past ``MicroDuckEnv.MIN_UPRIGHT`` or
 sinks under ``MIN_HEIGHT_RATIO`` of the standing height (the env's fall), and
-*stands* when projected gravity's z is below :data:`STANDING_GRAVITY_Z` and
-the trunk is at least :data:`STANDING_TRUNK_HEIGHT` up (what the robot's
-runtime reads as upright). A fall starts when a robot goes down (an episode
-that starts on the floor starts with one) and is recovered when the robot
-next stands; the time from the one to the other is its time to stand, and
-the steps it spent down within it its time lying.
+*stands* when ``MicroDuckEnv.standing`` says so: projected gravity's z below
+-0.9, the trunk at least 0.1 m up and a sole on the floor (what the robot's
+runtime reads as upright, without the moment a dropped robot swings level in
+mid-air). A fall starts when a robot goes down (an episode that starts on the
+floor starts with one) and is recovered when the robot next stands; the time
+from the one to the other is its time to stand, and the steps it spent down
+within it its time lying.
 
     tracker = RecoveryTracker(num_envs, control_dt)
-    tracker.observe(gravity_z, height, down, counted)   # after the reset and after every step
+    tracker.observe(env.standing(), env.fallen(), counted)   # after the reset and after every step
     tracker.summary()
 """
 
@@ -20,12 +21,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-
-STANDING_GRAVITY_Z = -0.9
-"""Projected gravity's z below which a trunk counts as upright again (about 26 degrees of tilt)."""
-
-STANDING_TRUNK_HEIGHT = 0.1
-"""Trunk height, m, at or above which a robot that is upright counts as standing."""
 
 
 @dataclass(frozen=True)
@@ -56,12 +51,12 @@ class RecoveryTracker:
         self._lying: list[torch.Tensor] = []
         self._falls = 0
 
-    def observe(self, gravity_z: torch.Tensor, height: torch.Tensor, down: torch.Tensor, counted: torch.Tensor) -> None:
-        """Read one moment of every env: ``counted`` masks the envs whose episode is still running."""
-        gravity_z, height = gravity_z.float().cpu(), height.float().cpu()
-        down, counted = down.bool().cpu() & counted.bool().cpu(), counted.bool().cpu()
+    def observe(self, standing: torch.Tensor, down: torch.Tensor, counted: torch.Tensor) -> None:
+        """Read one moment of every env, three ``(num_envs,)`` bool tensors: whether it stands, whether it is
+        down, and whether its episode is still running (the others are not counted)."""
+        counted = counted.bool().cpu()
+        down, stands = down.bool().cpu() & counted, standing.bool().cpu() & counted
         falling = self._fallen_at >= 0
-        stands = (gravity_z < STANDING_GRAVITY_Z) & (height >= STANDING_TRUNK_HEIGHT) & counted
         up_again = falling & stands
         if up_again.any():
             self._times.append((self._step - self._fallen_at[up_again]).float() * self.control_dt)

@@ -99,6 +99,23 @@ def test_without_the_limb_boxes_a_robot_on_its_side_sinks_its_legs_into_the_floo
     assert box_bottoms(with_limbs, data, limb_geoms).min() > -PENETRATION
 
 
+def test_a_standing_robot_stands_on_its_soles_alone_with_the_limb_boxes():
+    """No limb box reaches below a sole: held in HOME the robot stands as high as without the boxes, and the
+    floor touches nothing but the soles."""
+    heights = []
+    for limbs in (False, True):
+        model = model_with_limbs(limbs)
+        data = mujoco.MjData(model)
+        mujoco.mj_resetDataKeyframe(model, data, model.key(STAND_KEYFRAME).id)
+        data.ctrl[:] = DEFAULT_JOINT_POS
+        for _ in range(round(0.3 / model.opt.timestep)):
+            mujoco.mj_step(model, data)
+        touching = {model.geom(c.geom2 if model.geom(c.geom1).name == "floor" else c.geom1).name for c in data.contact}
+        assert touching == {"left_foot_collision", "right_foot_collision"}, touching
+        heights.append(data.qpos[2])
+    assert heights[1] == pytest.approx(heights[0], abs=1e-4)
+
+
 def test_the_limb_boxes_are_mirror_images_and_weigh_nothing():
     model = model_with_limbs(True)
     plain = model_with_limbs(False)
@@ -173,6 +190,48 @@ def test_a_fall_goes_on_and_pays_only_the_way_up_while_down():
         if td["terminated"].all():
             break
     assert td["terminated"].all()
+    env.close()
+
+
+def _placed(env: MicroDuckEnv, lift: torch.Tensor, roll: torch.Tensor) -> None:
+    """Set every env's robot in HOME, its trunk raised by ``lift`` m and rolled by ``roll`` rad, at rest."""
+    qpos = env._home_qpos.expand(env.num_envs, -1).clone()
+    qpos[:, 2] += lift
+    qpos[:, 3:7] = torch.stack([(roll / 2).cos(), (roll / 2).sin(), 0 * roll, 0 * roll], dim=-1).to(qpos)
+    env.physics.reset(qpos, torch.zeros(env.num_envs, env.physics.nv, dtype=qpos.dtype))
+
+
+def test_standing_asks_for_an_upright_trunk_up_high_on_a_sole():
+    env = MicroDuckEnv(tasks=[MicroDuckEnv.getup_task()], num_envs=4, seed=0, action_mode="robot", action_scale=0.7)
+    td = env.reset()
+    # On the floor upright; 5 cm up in the air, level; rolled 35 degrees (cos 0.82); rolled 20 degrees (cos 0.94).
+    lift = torch.tensor([0.0, 0.05, 0.0, 0.0])
+    roll = torch.deg2rad(torch.tensor([0.0, 0.0, 35.0, 20.0]))
+    _placed(env, lift, roll)
+    env.step(td.set("action", torch.zeros(4, 14)))
+    upright = -env._read_state(env.physics.qpos, env.physics.qvel)["gravity"][:, 2]
+    on_floor = env.foot_contacts().any(-1)
+    assert on_floor.tolist() == [True, False, True, True]  # the rolled ones still touch with one sole
+    assert (env.base_height() >= 0.1).all()
+    assert env.standing().tolist() == [True, False, False, True]
+    assert float(upright[2]) < 0.9 < float(upright[3])
+    env.close()
+
+
+def test_a_robot_propped_half_up_earns_only_the_getup_share():
+    """Tilted 60 degrees with its trunk high, a robot is not *down*, yet every positive term but ``getup``
+    pays nothing for it; upright, the same robot is paid."""
+    task = MicroDuckEnv.joystick_getup_task(lying_start_fraction=0.0)
+    env = MicroDuckEnv(tasks=[task], num_envs=2, seed=0, action_mode="robot", action_scale=0.7, diagnostics=True)
+    td = env.reset()
+    _placed(env, torch.tensor([0.0, 0.02]), torch.deg2rad(torch.tensor([0.0, 60.0])))
+    td = env.step(td.set("action", torch.zeros(2, 14)))["next"]
+    assert not env.fallen().any()
+    shares = {name: td[f"diagnostic_reward_{name}"].squeeze(-1) for name in env.REWARD_TERMS}
+    paid = [name for name, share in shares.items() if name != "getup" and share[0] > 0]
+    assert "tracking" in paid  # the upright robot is paid
+    assert all(float(share[1]) <= 0 for name, share in shares.items() if name != "getup")
+    assert 0 < float(shares["getup"][1]) < float(shares["getup"][0])
     env.close()
 
 

@@ -197,6 +197,11 @@ class MicroDuckEnv(MujocoEnv):
     """A trunk lower than this fraction of the standing height has fallen."""
     MIN_UPRIGHT: ClassVar[float] = 0.35
     """A trunk whose tilt cosine is below this has fallen (about 70 degrees)."""
+    STANDING_UPRIGHT: ClassVar[float] = 0.9
+    """A trunk whose tilt cosine (minus projected gravity's z) is above this is upright again (about 26
+    degrees): what the robot's runtime reads as standing, and what a task that goes on after a fall pays on."""
+    STANDING_TRUNK_HEIGHT: ClassVar[float] = 0.1
+    """Trunk height, m, at or above which an upright robot with a foot on the floor stands (:meth:`standing`)."""
     REWARD_TERMS: ClassVar[dict[str, rewards.RewardTerm]] = rewards.REWARD_TERMS
     """Registered reward terms by name, in weight-vector order."""
     REWARD_PARAMS: ClassVar[dict[str, float]] = rewards.REWARD_PARAMS
@@ -577,6 +582,14 @@ class MicroDuckEnv(MujocoEnv):
         """A ``(num_envs,)`` bool tensor: the trunk is down (tilted past ``MIN_UPRIGHT`` or lower than
         ``MIN_HEIGHT_RATIO`` of the standing height), the state that ends an episode whose task says so."""
         return self._fallen(self._read_state(self.physics.qpos.to(self.dtype), self.physics.qvel.to(self.dtype)))
+
+    def standing(self) -> torch.Tensor:
+        """A ``(num_envs,)`` bool tensor: the robot stands, its trunk upright (cosine above
+        ``STANDING_UPRIGHT``), at least ``STANDING_TRUNK_HEIGHT`` up, and a sole on the floor (a robot that
+        swings level in mid-air while it drops does not stand)."""
+        upright = -self._read_state(self.physics.qpos.to(self.dtype), self.physics.qvel.to(self.dtype))["gravity"][:, 2]
+        high = self.base_height() >= self.STANDING_TRUNK_HEIGHT
+        return (upright > self.STANDING_UPRIGHT) & high & self.foot_contacts().any(-1)
 
     def _adopt_episodes(self) -> None:
         """Derive what each env's task and command fix for the episode: its task row, reward
@@ -971,7 +984,8 @@ class MicroDuckEnv(MujocoEnv):
         )
         terminated = features["fallen"] & (self._episode_task["fall_terminates"] > 0)
         if self._recovers:
-            weighted = self._unpaid_while_fallen(weighted, features["fallen"] & ~terminated)
+            not_up = features["fallen"] | (features["upright"] <= self.STANDING_UPRIGHT)
+            weighted = self._unpaid_until_upright(weighted, not_up & ~terminated)
         truncated = self._step_count >= self.max_episode_steps
         self._previous_action = clipped
         if self.commands.redraw_due(self._episode_task, state["heading"], self.rng):
@@ -988,10 +1002,11 @@ class MicroDuckEnv(MujocoEnv):
         )
         return TensorDict(out, batch_size=self.batch_size, device=self.device)
 
-    def _unpaid_while_fallen(self, weighted: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
-        """``weighted`` with the positive shares of every term but ``getup`` zeroed for the envs ``down`` on the
-        floor: a robot that lies still earns nothing, and its penalties stand."""
-        unpaid = (weighted > 0) & down.unsqueeze(-1) & self._paid_only_upright
+    def _unpaid_until_upright(self, weighted: torch.Tensor, not_up: torch.Tensor) -> torch.Tensor:
+        """``weighted`` with the positive shares of every term but ``getup`` zeroed for the envs ``not_up``
+        (down, or tilted past ``STANDING_UPRIGHT``): a robot that lies still, or props itself half up on
+        its belly, earns only the ``getup`` term's share of the way up; its penalties stand."""
+        unpaid = (weighted > 0) & not_up.unsqueeze(-1) & self._paid_only_upright
         return torch.where(unpaid, torch.zeros_like(weighted), weighted)
 
     def _checked_action(self, action: torch.Tensor) -> torch.Tensor:
