@@ -99,11 +99,11 @@ def test_the_stride_yaw_rate_is_the_headings_change_over_the_tracking_window():
         turns = torch.stack([torch.atan2((b - a).sin(), (b - a).cos()) for a, b in zip(headings, headings[1:])])
         span = torch.minimum(window, torch.tensor(step))
         expected = torch.stack([turns[step - int(k) : step, i].sum() for i, k in enumerate(span)]) / (span * 0.02)
-        torch.testing.assert_close(env._tracked_yaw_rate, expected, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(env.tracking.yaw_rate, expected, atol=1e-4, rtol=1e-4)
         target = headings[0] + 0.5 * 0.02 * step
         error = torch.atan2((headings[-1] - target).sin(), (headings[-1] - target).cos())
         torch.testing.assert_close(td["heading_error"].squeeze(-1), error, atol=1e-5, rtol=0)
-    assert env._tracked_yaw_rate.abs().max() > 0.05  # the random actions turned the trunk
+    assert env.tracking.yaw_rate.abs().max() > 0.05  # the random actions turned the trunk
     env.close()
 
 

@@ -82,6 +82,7 @@ from waddle.envs.microduck.randomization import (
 from waddle.envs.microduck.sensors import NOISY_FIELDS, SENSOR_DIM, SENSOR_FIELDS, SensorField
 from waddle.envs.microduck.symmetry import MIRRORS, SignedPermutation
 from waddle.envs.microduck.tasks import MicroDuckTask
+from waddle.envs.microduck.tracking import TrackingWindow
 from waddle.envs.mujoco_env import MujocoEnv
 from waddle.envs.rotations import heading, multiply, projected_gravity, rotate, rotate_inverse, wrap_angle
 
@@ -399,24 +400,18 @@ class MicroDuckEnv(MujocoEnv):
         self._touchdown_air_time = zeros(n, 2)
 
     def _allocate_tracking_window(self) -> None:
-        """A ring of the trunk's last floor positions and headings, as long as the library's longest tracking window.
-
-        Tasks with ``tracking_window_cycles > 0`` track the velocity averaged over
-        that many gait cycles; the clock is slowest at zero command, which bounds
-        every env's window. A library without such a task keeps no ring.
-        """
+        # The clock is slowest at zero command, which bounds every env's window.
         cycles = self.tasks.params["tracking_window_cycles"]
         longest = (cycles / (self.tasks.gait_frequency_hz * self.control_dt)).round().max()
-        self._floor_positions = None
-        if bool((cycles > 0).any()):
-            slots = int(longest) + 1
-            # x, y and the heading unwrapped (turns accumulate past +-pi).
-            self._floor_positions = torch.zeros(self.num_envs, slots, 3, dtype=self.dtype, device=self.device)
-            self._ring_slots = torch.arange(slots, device=self.device)
-            self._env_index = torch.arange(self.num_envs, device=self.device)
-        self._ring_slot = 0
-        self._tracked_velocity = torch.zeros(self.num_envs, 2, dtype=self.dtype, device=self.device)
-        self._tracked_yaw_rate = torch.zeros(self.num_envs, dtype=self.dtype, device=self.device)
+        self.tracking = TrackingWindow(
+            self.num_envs,
+            int(longest) if bool((cycles > 0).any()) else None,
+            control_dt=self.control_dt,
+            dtype=self.dtype,
+            device=self.device,
+        )
+        """The velocity and yaw rate each env's command is tracked against
+        (:class:`~waddle.envs.microduck.tracking.TrackingWindow`)."""
 
     def _allocate_randomization_state(self) -> None:
         config, n = self.randomization, self.num_envs
@@ -531,10 +526,7 @@ class MicroDuckEnv(MujocoEnv):
         super().detach_state()
         self._previous_action = self._previous_action.detach()
         self._foot_heights = self._foot_heights.detach()
-        self._tracked_velocity = self._tracked_velocity.detach()
-        self._tracked_yaw_rate = self._tracked_yaw_rate.detach()
-        if self._floor_positions is not None:
-            self._floor_positions = self._floor_positions.detach()
+        self.tracking.detach()
         self._sensor = self._sensor.detach()
         for line in (self._action_line, self._imu_line, self._joint_velocity_line, self._robot_joint_velocity_line):
             if line is not None:
@@ -796,12 +788,7 @@ class MicroDuckEnv(MujocoEnv):
         self._foot_heights = self.foot_heights()
         state = self._read_state(self.physics.qpos, self.physics.qvel)
         self.commands.aim(rows, state["heading"])
-        self._tracked_velocity = torch.where(column, torch.zeros_like(self._tracked_velocity), self._tracked_velocity)
-        self._tracked_yaw_rate = torch.where(rows, torch.zeros_like(self._tracked_yaw_rate), self._tracked_yaw_rate)
-        if self._floor_positions is not None:
-            here = torch.cat([state["qpos"][:, :2], state["heading"].detach().unsqueeze(-1)], dim=-1)
-            floor = here.unsqueeze(1).expand_as(self._floor_positions)
-            self._floor_positions = torch.where(rows.view(-1, 1, 1), floor, self._floor_positions)
+        self.tracking.reset(rows, state["qpos"], state["heading"])
 
         out = self._observation_dict(state, reset_rows=rows)
         if self.diagnostics:
@@ -973,7 +960,7 @@ class MicroDuckEnv(MujocoEnv):
         self._update_contacts(nonfinite)
         state = self._read_state(qpos, qvel)
         self.commands.turn()
-        self._advance_tracking_window(state)
+        self.tracking.advance(state, self._window_steps, self._step_count)
         features = self._reward_features(state, clipped)
         features["fallen"] = features["fallen"] | nonfinite
         features.update(rewards.derived_features(features))
@@ -1030,40 +1017,6 @@ class MicroDuckEnv(MujocoEnv):
         heights = self.foot_heights()
         self._foot_heights = torch.where(nonfinite.unsqueeze(-1), torch.zeros_like(heights), heights)
 
-    def _advance_tracking_window(self, state: dict[str, torch.Tensor]) -> None:
-        """Record the trunk's floor position and heading, and update the velocity and yaw rate each env's
-        command is tracked against.
-
-        An env with a tracking window gets its floor displacement and heading change
-        over the last ``min(window, steps since reset)`` steps, per second, the
-        displacement in its heading frame: the stride's average, without the sway,
-        surge and twist inside a gait cycle. Others get the instantaneous body velocity
-        and yaw rate.
-        """
-        if self._floor_positions is None:
-            self._tracked_yaw_rate = state["qvel"][:, 5]
-            return
-        # The newest slot holds the last heading, unwrapped: this step's turn is added to it.
-        last = self._floor_positions[:, self._ring_slot, 2]
-        unwrapped = last + wrap_angle(state["heading"] - last)
-        slots = self._floor_positions.shape[1]
-        self._ring_slot = (self._ring_slot + 1) % slots
-        floor = torch.cat([state["qpos"][:, :2].to(self.dtype), unwrapped.unsqueeze(-1)], dim=-1)
-        here = self._ring_slots[self._ring_slot : self._ring_slot + 1]
-        positions = self._floor_positions.index_copy(1, here, floor.unsqueeze(1))
-        span = torch.minimum(self._window_steps, self._step_count).clamp_min(1)
-        earlier = positions[self._env_index, (self._ring_slot - span) % slots]
-        change = (floor - earlier) / (span.to(self.dtype) * self.control_dt).unsqueeze(-1)
-        world = change[:, :2]
-        yaw = state["heading"]
-        cos, sin = yaw.cos(), yaw.sin()
-        averaged = torch.stack([cos * world[:, 0] + sin * world[:, 1], cos * world[:, 1] - sin * world[:, 0]], dim=-1)
-        instantaneous = state["body_velocity"][:, :2]
-        windowed = self._window_steps > 0
-        self._tracked_velocity = torch.where(windowed.unsqueeze(-1), averaged, instantaneous)
-        self._tracked_yaw_rate = torch.where(windowed, change[:, 2], state["qvel"][:, 5])
-        self._floor_positions = positions
-
     def reward_features(self, state: Mapping[str, torch.Tensor], action: torch.Tensor) -> dict[str, torch.Tensor]:
         """The per-step features every reward term reads, as a dict of ``(num_envs, ...)`` tensors.
 
@@ -1095,10 +1048,8 @@ class MicroDuckEnv(MujocoEnv):
             "heading_error": wrap_angle(state["heading"] - self.commands.target_heading),
             "command": self.commands.command,
             "yaw_rate_command": self.commands.yaw_rate,
-            "tracked_velocity": state["body_velocity"][:, :2]
-            if self._floor_positions is None
-            else self._tracked_velocity,
-            "tracked_yaw_rate": self._tracked_yaw_rate,
+            "tracked_velocity": self.tracking.velocity if self.tracking.keeps_ring else state["body_velocity"][:, :2],
+            "tracked_yaw_rate": self.tracking.yaw_rate,
             "fallen": self._fallen(state),
         }
 
