@@ -69,6 +69,7 @@ from waddle.envs.microduck import assets, constants, ground_contact, rewards
 from waddle.envs.microduck import robot as robot_contract
 from waddle.envs.microduck import tasks as presets
 from waddle.envs.microduck.commands import TwistCommands, first
+from waddle.envs.microduck.pushes import PushSchedule
 from waddle.envs.microduck.randomization import (
     DelayLine,
     MicroDuckRandomization,
@@ -442,7 +443,8 @@ class MicroDuckEnv(MujocoEnv):
         if self._joint_velocity_line is not None:
             every = torch.ones(n, dtype=torch.bool, device=self.device)
             self._joint_velocity_line.set_delay(torch.full((n,), config.joint_velocity_delay), every)
-        self._push_timer = torch.zeros(n, dtype=self.dtype, device=self.device)
+        self.pushes = PushSchedule(n, config, control_dt=self.control_dt, dtype=self.dtype, device=self.device)
+        """Each env's push timer and the kicks it deals (:class:`~waddle.envs.microduck.pushes.PushSchedule`)."""
         self._sensor_noise = None
         if config.noisy:
             scale = torch.zeros(SENSOR_DIM, dtype=self.dtype, device=self.device)
@@ -819,28 +821,17 @@ class MicroDuckEnv(MujocoEnv):
         if self._imu_line is not None:
             self._imu_line.set_delay(values["imu_delay"].squeeze(-1), rows)
         if config.pushes:
-            low, high = config.push_interval
-            interval = low + (high - low) * torch.rand(
-                self.num_envs, generator=self.rng, dtype=self.dtype, device=self.device
-            )
-            self._push_timer = torch.where(rows, interval, self._push_timer)
+            self.pushes.begin(rows, self.rng)
 
     def _push(self) -> None:
-        """Kick the trunk of each env whose push timer ran out, and start its next interval."""
-        config = self.randomization
-        self._push_timer = self._push_timer - self.control_dt
-        due = self._push_timer <= 0
-        if not bool(due.any()):
+        """Kick the trunk of each env whose push timer ran out."""
+        pushed = self.pushes.tick(self.rng)
+        if pushed is None:
             return
-        n = self.num_envs
-        low, high = config.push_velocity
-        kick = low + (high - low) * torch.rand(n, 2, generator=self.rng, dtype=self.dtype, device=self.device)
-        low, high = config.push_interval
-        interval = low + (high - low) * torch.rand(n, generator=self.rng, dtype=self.dtype, device=self.device)
+        due, kick = pushed
         qvel = self.physics.qvel.to(self.dtype).clone()
-        qvel[:, :2] += torch.where(due.unsqueeze(-1), kick, torch.zeros_like(kick))
+        qvel[:, :2] += kick
         self.physics.set_qvel(qvel, due)
-        self._push_timer = torch.where(due, interval, self._push_timer)
 
     def _draw_task_id(self, tensordict: TensorDictBase | None, rows: torch.Tensor) -> torch.Tensor:
         num_tasks = self.tasks.shape[0]
