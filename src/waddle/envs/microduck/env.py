@@ -65,10 +65,11 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.data import Bounded, Categorical, Composite, Unbounded
 
-from waddle.envs.microduck import assets, constants, ground_contact, rewards
+from waddle.envs.microduck import assets, constants, gait, ground_contact, rewards
 from waddle.envs.microduck import robot as robot_contract
 from waddle.envs.microduck import tasks as presets
 from waddle.envs.microduck.commands import TwistCommands, first
+from waddle.envs.microduck.gait import GaitClock
 from waddle.envs.microduck.pushes import PushSchedule
 from waddle.envs.microduck.randomization import (
     DelayLine,
@@ -190,9 +191,9 @@ class MicroDuckEnv(MujocoEnv):
     SKIP_QPOS: ClassVar[int] = 0
     COMMAND_THRESHOLD: ClassVar[float] = presets.COMMAND_THRESHOLD
     """Planar command speed under which a task counts as standing."""
-    GAIT_PHASE_OFFSET: ClassVar[float] = -1.5237
+    GAIT_PHASE_OFFSET: ClassVar[float] = gait.PHASE_OFFSET
     """Phase of the gait clock at the first step, in radians."""
-    GAIT_RAMP_DURATION_S: ClassVar[float] = 0.4
+    GAIT_RAMP_DURATION_S: ClassVar[float] = gait.RAMP_DURATION_S
     """Seconds over which the gait ramp feature grows from 0 to 1 after a reset."""
     GAIT_TERMS: ClassVar[tuple[str, ...]] = rewards.GAIT_TERMS
     MIN_HEIGHT_RATIO: ClassVar[float] = 0.55
@@ -373,9 +374,6 @@ class MicroDuckEnv(MujocoEnv):
         ranges = as_tensor(model.jnt_range[joints])
         self._target_low = torch.where(limited, ranges[:, 0], self._home_ctrl - math.pi)
         self._target_high = torch.where(limited, ranges[:, 1], self._home_ctrl + math.pi)
-        pattern = lambda rows: torch.tensor(rows, dtype=self.dtype, device=self.device)  # noqa: E731
-        self._swing_lift = pattern((constants.SWING_LIFT_LEFT, constants.SWING_LIFT_RIGHT))
-        self._stride = pattern(constants.STRIDE)
         self._standing_height = float(key.qpos[2])
         self._standing_heights = torch.full(
             (self.num_envs,), self._standing_height, dtype=self.dtype, device=self.device
@@ -385,6 +383,8 @@ class MicroDuckEnv(MujocoEnv):
         n, j = self.num_envs, self.NUM_JOINTS
         zeros = lambda *shape, dtype=self.dtype: torch.zeros(*shape, dtype=dtype, device=self.device)  # noqa: E731
         self._task_id = zeros(n, dtype=torch.long)
+        self.gait = GaitClock(n, control_dt=self.control_dt, dtype=self.dtype, device=self.device)
+        """Each env's gait clock and the gait prior on it (:class:`~waddle.envs.microduck.gait.GaitClock`)."""
         self.commands = TwistCommands(
             n, control_dt=self.control_dt, varies=self._varied_commands, dtype=self.dtype, device=self.device
         )
@@ -590,47 +590,26 @@ class MicroDuckEnv(MujocoEnv):
         params and gait clock frequency (Hz)."""
         self._episode_task = task = self._task_table[self._task_id]
         self._episode_params = task["params"]
-        speed = self.commands.command.norm(dim=-1)
-        self._gait_frequency = task["gait_frequency_hz"] + task["gait_frequency_per_mps"] * speed
+        self.gait.adopt(task, self.commands.command)
         cycles = self._episode_params["tracking_window_cycles"]
-        steps = (cycles / (self._gait_frequency * self.control_dt)).round().clamp_min(1.0)
+        steps = (cycles / (self.gait.frequency * self.control_dt)).round().clamp_min(1.0)
         self._window_steps = torch.where(cycles > 0, steps, torch.zeros_like(steps)).long()
-
-    def _gait_clock(self) -> tuple[torch.Tensor, torch.Tensor]:
-        elapsed = self._step_count.to(self.dtype) * self.control_dt
-        phase = self.GAIT_PHASE_OFFSET + 2.0 * math.pi * self._gait_frequency * elapsed
-        ramp = (elapsed / self.GAIT_RAMP_DURATION_S).clamp(max=1.0)
-        return phase, ramp
 
     def gait_prior(self) -> torch.Tensor:
         """The ``(num_envs, 14)`` actuator-target offset the task's gait prior adds this step.
 
         An open-loop stepping pattern on the gait clock that the policy's action
-        corrects (a residual policy): the clock's swing leg is shortened by
-        ``gait_prior_lift * max(0, sin(phase))`` radians along
-        :data:`~waddle.envs.microduck.constants.SWING_LIFT_LEFT` (``max(0,
-        -sin(phase))`` along ``SWING_LIFT_RIGHT``), and the hips swing by
-        ``gait_prior_stride_per_mps * vx * cos(phase)`` along
-        :data:`~waddle.envs.microduck.constants.STRIDE`, so the swing foot moves
-        forward while the stance foot pushes back. Both grow in with the clock's
-        ramp after a reset; a backward command mirrors the swing legs, as the
-        gait terms do. The phase and command are in the observation, so the
-        policy sees everything the prior depends on.
+        corrects (a residual policy), :meth:`GaitClock.prior
+        <waddle.envs.microduck.gait.GaitClock.prior>` at ``gait_prior_scale``.
+        The phase and command are in the observation, so the policy sees
+        everything the prior depends on.
         """
-        task = self._episode_task
-        phase, ramp = self._gait_clock()
-        ramp = ramp * self.gait_prior_scale
-        direction = torch.where(self.commands.command[:, 0] < 0, -1.0, 1.0).to(self.dtype)
-        swing = direction * torch.sin(phase)
-        lift = (task["gait_prior_lift"] * ramp).unsqueeze(-1)
-        lifts = torch.stack((swing.clamp(min=0.0), (-swing).clamp(min=0.0)), dim=-1) * lift
-        stride = task["gait_prior_stride_per_mps"] * self.commands.command[:, 0] * torch.cos(phase) * ramp
-        return lifts @ self._swing_lift + stride.unsqueeze(-1) * self._stride
+        return self.gait.prior(self._episode_task, self.commands.command, self._step_count, self.gait_prior_scale)
 
     def _read_state(self, qpos: torch.Tensor, qvel: torch.Tensor) -> dict[str, torch.Tensor]:
         """What the observation, the sensors, the reward features and the diagnostics share, computed once."""
         quaternion = qpos[:, 3:7]
-        phase, ramp = self._gait_clock()
+        phase, ramp = self.gait.read(self._step_count)
         return {
             "qpos": qpos,
             "qvel": qvel,
