@@ -72,29 +72,20 @@ from waddle.envs.microduck.commands import TwistCommands, first
 from waddle.envs.microduck.gait import GaitClock
 from waddle.envs.microduck.pushes import PushSchedule
 from waddle.envs.microduck.randomization import (
-    DelayLine,
     MicroDuckRandomization,
     ModelFields,
     draw_values,
     nominal_values,
     resolve_randomization,
-    tilt_rotation,
     value_sizes,
 )
-from waddle.envs.microduck.sensors import NOISY_FIELDS, SENSOR_DIM, SENSOR_FIELDS, SensorField
+from waddle.envs.microduck.sensing import Sensors, delay_line
+from waddle.envs.microduck.sensors import SENSOR_DIM, SENSOR_FIELDS, SensorField
 from waddle.envs.microduck.symmetry import MIRRORS, SignedPermutation
 from waddle.envs.microduck.tasks import MicroDuckTask
 from waddle.envs.microduck.tracking import TrackingWindow
 from waddle.envs.mujoco_env import MujocoEnv
 from waddle.envs.rotations import heading, multiply, projected_gravity, rotate, rotate_inverse, wrap_angle
-
-ROBOT_NOISY_FIELDS: dict[str, str] = {
-    "base_ang_vel": "gyro_noise",
-    "projected_gravity": "gravity_noise",
-    "joint_pos": "joint_position_noise",
-    "joint_vel": "joint_velocity_noise",
-}
-"""Robot observation field -> the randomization attribute holding its noise half-width."""
 
 ROBOT_NOISE_SEED_OFFSET = 0x5EED
 """The robot observation's noise has a generator of its own, seeded ``seed + ROBOT_NOISE_SEED_OFFSET``, so
@@ -393,8 +384,6 @@ class MicroDuckEnv(MujocoEnv):
         self._adopt_episodes()
         self._step_count = zeros(n, dtype=torch.long)
         self._previous_action = zeros(n, j)
-        pose_commands = sum(self.ROBOT_FIELDS[name].size for name in ("head_command", "body_command"))
-        self._no_pose_command = zeros(1, pose_commands)
         self._contacts = zeros(n, 2, dtype=torch.bool)
         self._foot_heights = zeros(n, 2)
         self._air_time = zeros(n, 2)
@@ -424,44 +413,25 @@ class MicroDuckEnv(MujocoEnv):
             ModelFields(model, dtype=torch.float64, device=self.device) if config.varies_model else None
         )
         self._random_values = nominal_values(n, self._num_links, dtype=self.dtype, device=self.device)
-        self._joint_offset = torch.zeros(n, self.NUM_JOINTS, dtype=self.dtype, device=self.device)
         # The IMU's axes in the trunk frame: its site's orientation, then the drawn mounting tilt.
         imu = model.site(constants.IMU_SITE)
         site_rotation = np.empty(9)
         mujoco.mju_quat2Mat(site_rotation, model.site_quat[imu.id])
-        self._imu_site_rotation = torch.as_tensor(site_rotation.reshape(3, 3), dtype=self.dtype, device=self.device)
-        self._imu_rotation = self._imu_site_rotation.expand(n, 3, 3).clone()
-
-        def line(width, max_delay):
-            if max_delay == 0:
-                return None
-            return DelayLine(n, width, max_delay, dtype=self.dtype, device=self.device)
-
-        self._action_line = line(self.NUM_JOINTS, config.action_delay[1])
-        self._imu_line = line(6, config.imu_delay[1])
-        self._joint_velocity_line = line(self.NUM_JOINTS, config.joint_velocity_delay)
-        if self._joint_velocity_line is not None:
-            every = torch.ones(n, dtype=torch.bool, device=self.device)
-            self._joint_velocity_line.set_delay(torch.full((n,), config.joint_velocity_delay), every)
+        imu_site_rotation = torch.as_tensor(site_rotation.reshape(3, 3), dtype=self.dtype, device=self.device)
+        self.sensors = Sensors(
+            n,
+            config,
+            imu_site_rotation,
+            sensor_history=self.sensor_history,
+            num_joints=self.NUM_JOINTS,
+            dtype=self.dtype,
+            device=self.device,
+        )
+        """What the IMU and encoders read, and the observations built from them
+        (:class:`~waddle.envs.microduck.sensing.Sensors`)."""
+        self._action_line = delay_line(n, self.NUM_JOINTS, config.action_delay[1], dtype=self.dtype, device=self.device)
         self.pushes = PushSchedule(n, config, control_dt=self.control_dt, dtype=self.dtype, device=self.device)
         """Each env's push timer and the kicks it deals (:class:`~waddle.envs.microduck.pushes.PushSchedule`)."""
-        self._sensor_noise = None
-        if config.noisy:
-            scale = torch.zeros(SENSOR_DIM, dtype=self.dtype, device=self.device)
-            for field, attribute in NOISY_FIELDS.items():
-                scale[SENSOR_FIELDS[field].indices] = getattr(config, attribute)
-            self._sensor_noise = scale
-        self._sensor = torch.zeros(n, self.sensor_history, SENSOR_DIM, dtype=self.dtype, device=self.device)
-        # The servo firmware's velocity is one control step old at least.
-        robot_lag = max(1, config.joint_velocity_delay)
-        self._robot_joint_velocity_line = line(self.NUM_JOINTS, robot_lag)
-        self._robot_joint_velocity_line.set_delay(torch.full((n,), robot_lag), torch.ones(n, dtype=torch.bool))
-        self._robot_noise = None
-        if config.noisy:
-            scale = torch.zeros(self.ROBOT_OBSERVATION_DIM, dtype=self.dtype, device=self.device)
-            for field, attribute in ROBOT_NOISY_FIELDS.items():
-                scale[self.ROBOT_FIELDS[field].indices] = getattr(config, attribute)
-            self._robot_noise = scale
 
     def _make_specs(self) -> None:
         n = self.num_envs
@@ -529,10 +499,9 @@ class MicroDuckEnv(MujocoEnv):
         self._previous_action = self._previous_action.detach()
         self._foot_heights = self._foot_heights.detach()
         self.tracking.detach()
-        self._sensor = self._sensor.detach()
-        for line in (self._action_line, self._imu_line, self._joint_velocity_line, self._robot_joint_velocity_line):
-            if line is not None:
-                line.detach()
+        self.sensors.detach()
+        if self._action_line is not None:
+            self._action_line.detach()
 
     def _set_seed(self, seed: int | None) -> None:
         if seed is None:
@@ -638,103 +607,6 @@ class MicroDuckEnv(MujocoEnv):
             dim=-1,
         )
 
-    def _sensor_readings(
-        self, state: dict[str, torch.Tensor], reset_rows: torch.Tensor | None = None
-    ) -> dict[str, torch.Tensor]:
-        """What the robot's IMU and encoders read after a step, or at a reset of ``reset_rows``, before noise.
-
-        ``imu`` is gravity and gyro in the IMU frame, ``joint_position`` the encoder
-        angle (its bias included) minus the default pose, ``joint_velocity`` the
-        encoder velocity through the randomization's delay, and
-        ``robot_joint_velocity`` the same at least one control step old (the
-        servo firmware's). At a reset the delay lines of the reset envs are
-        filled with the current readings.
-        """
-        qvel = state["qvel"]
-        n = qvel.shape[0]
-        # Row vectors times the IMU's axes: each reading expressed in the IMU frame.
-        body = torch.stack([state["gravity"], qvel[:, 3:6]], dim=1)
-        imu = (body @ self._imu_rotation).reshape(n, 6)
-        joint_velocity = qvel[:, 6:]
-        lines = (
-            (self._imu_line, imu),
-            (self._joint_velocity_line, joint_velocity),
-            (self._robot_joint_velocity_line, joint_velocity),
-        )
-        delayed = []
-        for line, value in lines:
-            if line is None:
-                delayed.append(value)
-            elif reset_rows is None:
-                delayed.append(line.push(value))
-            else:
-                line.fill(value, reset_rows)
-                delayed.append(line.read())
-        imu, joint_velocity, robot_joint_velocity = delayed
-        return {
-            "imu": imu,
-            "joint_position": state["qpos"][:, 7:] + self._joint_offset - self._home_qpos[7:],
-            "joint_velocity": joint_velocity,
-            "robot_joint_velocity": robot_joint_velocity,
-            "clock": state["clock"],
-        }
-
-    def _sensor_observation(
-        self, readings: dict[str, torch.Tensor], reset_rows: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """What the robot measures, as ``sensor_history`` frames of layout ``SENSOR_FIELDS``, newest first.
-
-        At a reset the history of the reset envs is filled with the current
-        reading and the other envs keep the sensor observation they had.
-        """
-        n = readings["imu"].shape[0]
-        sensor = torch.cat(
-            [
-                readings["imu"],
-                self.commands.command,
-                readings["joint_position"],
-                readings["joint_velocity"],
-                readings["clock"],
-                self._previous_action,
-            ],
-            dim=-1,
-        )
-        if self._sensor_noise is not None:
-            sensor = sensor + self._sensor_noise * self._uniform(n, SENSOR_DIM)
-        if reset_rows is not None:
-            frames = torch.where(reset_rows.view(n, 1, 1), sensor.unsqueeze(1), self._sensor)
-        elif self.sensor_history == 1:
-            frames = sensor.unsqueeze(1)
-        else:
-            frames = torch.cat([sensor.unsqueeze(1), self._sensor[:, :-1]], dim=1)
-        self._sensor = frames
-        return frames.reshape(n, -1)
-
-    def _robot_observation(
-        self, readings: dict[str, torch.Tensor], state: dict[str, torch.Tensor], reset_rows: torch.Tensor | None
-    ) -> torch.Tensor:
-        """The robot daemon's 61 floats (``ROBOT_FIELDS``): gyro, gravity, joints, lagged joint
-        velocities, the previous raw action, the twist, and zero head and body commands."""
-        n = readings["imu"].shape[0]
-        imu = readings["imu"]
-        observation = torch.cat(
-            [
-                imu[:, 3:6],
-                imu[:, :3],
-                readings["joint_position"],
-                readings["robot_joint_velocity"],
-                self._previous_action,
-                self.commands.command,
-                self.commands.yaw_rate.unsqueeze(-1),
-                self._no_pose_command.expand(n, -1),
-            ],
-            dim=-1,
-        )
-        if self._robot_noise is not None:
-            fraction = torch.rand(n, self.ROBOT_OBSERVATION_DIM, generator=self._robot_rng, device=self.device)
-            observation = observation + self._robot_noise * (2.0 * fraction.to(self.dtype) - 1.0)
-        return observation
-
     def _fallen(self, state: dict[str, torch.Tensor]) -> torch.Tensor:
         upright = -state["gravity"][:, 2]
         return (state["qpos"][:, 2] < self.MIN_HEIGHT_RATIO * self._standing_height) | (upright < self.MIN_UPRIGHT)
@@ -793,12 +665,9 @@ class MicroDuckEnv(MujocoEnv):
         if self._model_fields is not None:
             as_double = {name: value.to(torch.float64) for name, value in values.items()}
             self.physics.set_model_fields(self._model_fields.fields(as_double), rows)
-        self._joint_offset = values["joint_offset"]
-        self._imu_rotation = self._imu_site_rotation @ tilt_rotation(values["imu_tilt"])
+        self.sensors.adopt(values, rows)
         if self._action_line is not None:
             self._action_line.set_delay(values["action_delay"].squeeze(-1), rows)
-        if self._imu_line is not None:
-            self._imu_line.set_delay(values["imu_delay"].squeeze(-1), rows)
         if config.pushes:
             self.pushes.begin(rows, self.rng)
 
@@ -913,7 +782,7 @@ class MicroDuckEnv(MujocoEnv):
             target = self._action_line.push(target)
         if self.randomization.active:
             # The servo drives its biased encoder reading to the target, so the joint settles off by the bias.
-            target = target - self._joint_offset
+            target = target - self.sensors.joint_offset
             if self.randomization.pushes:
                 self._push()
         self.physics.step(target)
@@ -1026,11 +895,16 @@ class MicroDuckEnv(MujocoEnv):
     def _observation_dict(
         self, state: dict[str, torch.Tensor], reset_rows: torch.Tensor | None = None
     ) -> dict[str, torch.Tensor]:
-        readings = self._sensor_readings(state, reset_rows)
+        sensors, command, previous_action = self.sensors, self.commands.command, self._previous_action
+        readings = sensors.read(state, self._home_qpos[7:], reset_rows)
         out = {
             "observation": self._observation(state),
-            "sensor_observation": self._sensor_observation(readings, reset_rows),
-            "robot_observation": self._robot_observation(readings, state, reset_rows),
+            "sensor_observation": sensors.sensor_observation(
+                readings, command, previous_action, self._uniform, reset_rows
+            ),
+            "robot_observation": sensors.robot_observation(
+                readings, command, self.commands.yaw_rate, previous_action, self._robot_rng
+            ),
             "command": self.commands.command.clone(),
             "yaw_rate_command": self.commands.yaw_rate.unsqueeze(-1).clone(),
             "heading_error": wrap_angle(state["heading"] - self.commands.target_heading).unsqueeze(-1),
