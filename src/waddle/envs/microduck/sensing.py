@@ -184,7 +184,7 @@ class Sensors:
         command: torch.Tensor,
         yaw_rate: torch.Tensor,
         previous_action: torch.Tensor,
-        generator: torch.Generator,
+        generator: torch.Generator | None,
     ) -> torch.Tensor:
         """The robot daemon's 61 floats: gyro, gravity, joints, lagged joint velocities, the previous raw
         action, the twist, and zero head and body commands; noise drawn from ``generator``."""
