@@ -101,7 +101,7 @@ def test_the_joystick_recipe_trains_what_the_robot_runs_unless_a_flag_says_other
 )
 def test_the_getup_recipes_train_on_the_robots_contract_and_lie_down(task, steps, fade, episode, log_std, entropy):
     plan = resolve_run({"task": task}, machine=TWO_CORES)
-    assert (plan.run.randomization, plan.run.action_mode, plan.run.action_scale) == ("upstream", "robot", 0.7)
+    assert (plan.run.randomization, plan.run.action_mode, plan.run.action_scale) == ("upstream", "robot", 1.0)
     assert (plan.run.max_episode_steps, plan.run.total_steps, plan.run.gait_prior_fade_steps) == (episode, steps, fade)
     assert (plan.algorithm.actor_observation, plan.algorithm.mirror_loss_coef) == ("robot", 0.3)
     assert (plan.algorithm.init_log_std, plan.algorithm.entropy_coef) == (log_std, entropy)

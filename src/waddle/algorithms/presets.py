@@ -82,11 +82,17 @@ JOYSTICK_GETUP_STEPS = 20_000_000
 """The joystick-getup recipe's step budget: walking and getting up in one policy, within the 90 minutes of
 training on 2 cores the get-up issue allows."""
 
+GETUP_ACTION_SCALE = 1.0
+"""Radians of servo target per unit of action of the get-up recipes: upstream's training scale (the file's
+metadata carries it to the robot). At the joystick's 0.7 the servos' reach is short for a get-up:
+``benchmarks/getup_feasibility.py`` (256 random open-loop patterns per start, seed 0) got a robot at most 7 %
+of the way up from its back at 0.7, 10-18 % at 1.0 and 39-49 % at 1.5 from its back or front."""
+
 GETUP_RUN = {
     "total_steps": GETUP_STEPS,
     "randomization": "upstream",
     "action_mode": "robot",
-    "action_scale": JOYSTICK_ACTION_SCALE,
+    "action_scale": GETUP_ACTION_SCALE,
     "max_episode_steps": 1000,
 }
 """Run fields of the get-up recipes: the robot's contract under upstream's randomization, 20 s episodes
