@@ -531,3 +531,11 @@ def test_backends_without_per_env_models_refuse_model_randomization():
     pytest.importorskip("mujoco_torch")
     with pytest.raises(ValueError, match=r"backend='mujoco-torch' cannot simulate\. Use backend='mujoco'"):
         MicroDuckEnv(backend="mujoco-torch", frictionloss="ignore", randomization="upstream")
+
+
+def test_an_unseeded_env_under_the_upstream_randomization_resets_and_steps():
+    env = MicroDuckEnv(num_envs=2, randomization="upstream")  # no seed: every generator unseeded, none missing
+    td = env.reset()
+    td = env.step(td.set("action", torch.zeros(2, 14)))["next"]
+    assert torch.isfinite(td["robot_observation"]).all() and torch.isfinite(td["sensor_observation"]).all()
+    env.close()

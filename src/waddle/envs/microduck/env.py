@@ -294,6 +294,9 @@ class MicroDuckEnv(MujocoEnv):
             **kwargs,
         )
         assets.check_model(self.model)
+        if not hasattr(self, "_robot_rng"):  # unseeded: the robot observation's noise is unseeded too
+            self._robot_rng = torch.Generator(device=self.rng.device)
+            self._robot_rng.seed()
         self._check_backend_randomizes()
         self.action_scale = float(action_scale)
         self.diagnostics = bool(diagnostics)
@@ -896,8 +899,6 @@ class MicroDuckEnv(MujocoEnv):
         self, state: dict[str, torch.Tensor], reset_rows: torch.Tensor | None = None
     ) -> dict[str, torch.Tensor]:
         sensors, command, previous_action = self.sensors, self.commands.command, self._previous_action
-        # The robot observation's noise has a generator of its own, made when the env is seeded.
-        robot_rng = self._robot_rng if sensors.robot_noise is not None else None
         readings = sensors.read(state, self._home_qpos[7:], reset_rows)
         out = {
             "observation": self._observation(state),
@@ -905,7 +906,7 @@ class MicroDuckEnv(MujocoEnv):
                 readings, command, previous_action, self._uniform, reset_rows
             ),
             "robot_observation": sensors.robot_observation(
-                readings, command, self.commands.yaw_rate, previous_action, robot_rng
+                readings, command, self.commands.yaw_rate, previous_action, self._robot_rng
             ),
             "command": self.commands.command.clone(),
             "yaw_rate_command": self.commands.yaw_rate.unsqueeze(-1).clone(),
