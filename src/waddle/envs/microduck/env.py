@@ -553,7 +553,7 @@ class MicroDuckEnv(MujocoEnv):
         """A ``(num_envs,)`` bool tensor: the robot stands, its trunk upright (cosine above
         ``STANDING_UPRIGHT``), at least ``STANDING_TRUNK_HEIGHT`` up, and a sole on the floor (a robot that
         swings level in mid-air while it drops does not stand)."""
-        upright = -self._read_state(self.physics.qpos.to(self.dtype), self.physics.qvel.to(self.dtype))["gravity"][:, 2]
+        upright = -projected_gravity(self.physics.qpos[:, 3:7].to(self.dtype))[:, 2]
         high = self.base_height() >= self.STANDING_TRUNK_HEIGHT
         return (upright > self.STANDING_UPRIGHT) & high & self.foot_contacts().any(-1)
 
