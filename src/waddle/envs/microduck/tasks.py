@@ -466,14 +466,12 @@ JOYSTICK_PARAMS: dict[str, float] = {
     "progress_off_axis_std": PROGRESS_OFF_AXIS_STD,
     "tracking_window_cycles": TRACKING_WINDOW_CYCLES,
     "yaw_rate_std": 0.3,
-    "stride_yaw_rate_std": 0.08,
     "gait_progress_floor": 0.25,
 }
 """Term parameters of the joystick preset: the stride-averaged velocity tracked within a tenth of a m/s
 each way (a quarter of the command along it at speed), the yaw rate within 0.3 rad/s."""
 
 JOYSTICK_REWARD_WEIGHTS: dict[str, float] = {
-    "tracking": 4.0,
     "air_time": 0.0,
     "double_support": 0.0,
     "phase_contact": 2.0,
