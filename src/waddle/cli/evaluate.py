@@ -128,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
             device=args.device,
             max_episode_steps=args.max_steps,
             command=None if args.command is None else tuple(args.command),
+            reference_starts=False,
             randomization=randomization,
             **plan.policy_env_options,
         )

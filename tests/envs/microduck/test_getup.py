@@ -242,6 +242,7 @@ def test_a_robot_propped_half_up_earns_only_the_getup_share():
         ("lying_start_side", 4.0, r"lying_start_side must be -1 \(any\) or the index of one of"),
         ("lying_start_side", 0.5, r"lying_start_side must be -1"),
         ("fall_terminates", 0.5, "fall_terminates must be 1"),
+        ("reference_start_fraction", -0.1, r"reference_start_fraction must be in \[0, 1\]"),
     ],
 )
 def test_bad_lying_fields_are_refused(field, value, message):

@@ -65,7 +65,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.data import Bounded, Categorical, Composite, Unbounded
 
-from waddle.envs.microduck import assets, constants, gait, ground_contact, rewards
+from waddle.envs.microduck import assets, constants, gait, getup_reference, ground_contact, rewards
 from waddle.envs.microduck import robot as robot_contract
 from waddle.envs.microduck import tasks as presets
 from waddle.envs.microduck.commands import TwistCommands, first
@@ -316,6 +316,7 @@ class MicroDuckEnv(MujocoEnv):
         # Rows are gathered per env at every reset, from one packed matrix.
         self._task_table = presets.TaskTable(self.tasks)
         self._configure_from_model()
+        self._reference_states = self._reference_trajectories() if self._lying else None
         self._allocate_episode_state()
         self._allocate_tracking_window()
         self._allocate_randomization_state()
@@ -346,6 +347,21 @@ class MicroDuckEnv(MujocoEnv):
             "cannot simulate. Use backend='mujoco' (CPU) or backend='mjx' with requires_grad=False, or keep "
             "those ranges nominal: joint_offset, imu_tilt, pushes, delays and noise work on every backend."
         )
+
+    def _reference_trajectories(self) -> torch.Tensor | None:
+        """``(len(LYING_STARTS), steps, nq + nv)``: the states along each side's scripted get-up on the nominal
+        model, for the reference starts; ``None`` when no task asks for them."""
+        if not bool((self.tasks.reference_start_fraction > 0).any()):
+            return None
+        home = np.asarray(robot_contract.DEFAULT_JOINT_POS)
+        scripted = [side in getup_reference.GETUP_SCRIPTS for side in presets.LYING_STARTS]
+        self._scripted_sides = torch.tensor(scripted, device=self.device)
+        steps = len(getup_reference.script_targets(next(iter(getup_reference.GETUP_SCRIPTS)), home)) + 1
+        states = np.zeros((len(presets.LYING_STARTS), steps, self.model.nq + self.model.nv))
+        for index, side in enumerate(presets.LYING_STARTS):
+            if scripted[index]:
+                states[index] = getup_reference.reference_trajectory(self.model, side, home)
+        return torch.as_tensor(states, dtype=self.dtype, device=self.device)
 
     def _configure_from_model(self) -> None:
         model = self.model
@@ -738,14 +754,41 @@ class MicroDuckEnv(MujocoEnv):
         if self._lying:
             lying = torch.rand(n, generator=self.rng, device=self.device, dtype=self.dtype)
             lying = lying < episode_task["lying_start_fraction"]
-            drop = self._lying_qpos(episode_task["lying_start_side"])
+            drop, side, turn = self._lying_qpos(episode_task["lying_start_side"])
+            lying_qvel = torch.zeros_like(qvel)
+            if self._reference_states is not None:
+                drop, lying_qvel = self._reference_starts(episode_task, side, turn, drop, lying_qvel)
             qpos = torch.where(lying.unsqueeze(-1), drop, qpos)
-            qvel = torch.where(lying.unsqueeze(-1), torch.zeros_like(qvel), qvel)
+            qvel = torch.where(lying.unsqueeze(-1), lying_qvel, qvel)
         return qpos, qvel
 
-    def _lying_qpos(self, side: torch.Tensor) -> torch.Tensor:
+    def _reference_starts(
+        self,
+        episode_task: Mapping[str, Any],
+        side: torch.Tensor,
+        turn: torch.Tensor,
+        qpos: torch.Tensor,
+        qvel: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``qpos`` and ``qvel`` with ``reference_start_fraction`` of the envs moved to a state drawn uniformly
+        along ``side``'s scripted get-up (where that side has a script), turned by ``turn`` about the vertical and centred on the env's
+        origin (the free joint's angular velocity is in the trunk's frame: it needs no turn)."""
+        n, nq = self.num_envs, self.physics.nq
+        states = self._reference_states
+        step = torch.randint(states.shape[1], (n,), generator=self.rng, device=self.device)
+        chosen = torch.rand(n, generator=self.rng, device=self.device, dtype=self.dtype)
+        chosen = ((chosen < episode_task["reference_start_fraction"]) & self._scripted_sides[side]).unsqueeze(-1)
+        state = states[side, step]
+        ref_qpos, ref_qvel = state[:, :nq].clone(), state[:, nq:].clone()
+        ref_qpos[:, :2] = self._home_qpos[:2]
+        ref_qpos[:, 3:7] = multiply(turn, ref_qpos[:, 3:7])
+        ref_qvel[:, :3] = rotate(turn, ref_qvel[:, :3])
+        return torch.where(chosen, ref_qpos, qpos), torch.where(chosen, ref_qvel, qvel)
+
+    def _lying_qpos(self, side: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Positions of a drop onto the floor: the trunk at ``LYING_DROP_HEIGHT`` turned onto ``side`` (an index
-        of ``LYING_STARTS``, -1: drawn) at a drawn heading, each joint at a uniform angle within its range."""
+        of ``LYING_STARTS``, -1: drawn) at a drawn heading, each joint at a uniform angle within its range;
+        with the side (drawn where -1) and the heading's quaternion."""
         n = self.num_envs
         draw = torch.randint(len(presets.LYING_STARTS), (n,), generator=self.rng, device=self.device)
         side = torch.where(side < 0, draw, side.long())
@@ -764,7 +807,7 @@ class MicroDuckEnv(MujocoEnv):
         qpos[:, 2] = presets.LYING_DROP_HEIGHT
         qpos[:, 3:7] = multiply(turn, tilts)
         qpos[:, 7:] = joints
-        return qpos
+        return qpos, side, turn
 
     # ------------------------------------------------------------------
     # Step

@@ -98,6 +98,7 @@ RESERVED_PARAM_NAMES = frozenset(
         "command_resample_s",
         "lying_start_fraction",
         "lying_start_side",
+        "reference_start_fraction",
         "fall_terminates",
     }
 )

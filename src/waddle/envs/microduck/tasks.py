@@ -155,6 +155,7 @@ TASK_FIELDS: dict[str, Any] = {
     "command_resample_s": (0.0, 0.0),
     "lying_start_fraction": 0.0,
     "lying_start_side": -1.0,
+    "reference_start_fraction": 0.0,
     "fall_terminates": 1.0,
 }
 """Reset and clock fields :func:`make_task` accepts by name, with their defaults."""
@@ -204,6 +205,12 @@ class MicroDuckTask:
             angles within their ranges.
         lying_start_side: index into :data:`LYING_STARTS` of the way such an
             episode starts lying, or -1 (the default) for any of them.
+        reference_start_fraction: share of those episodes that start instead
+            at a state drawn along their side's scripted get-up
+            (:mod:`~waddle.envs.microduck.getup_reference`), at a random
+            heading: a training aid that shows the policy the way up; 0 (the
+            default) drops every one. ``waddle eval`` and the benchmarks
+            start every episode with a drop.
         fall_terminates: 1 (the default): a fall ends the episode; 0: a fall
             is a state to get up from, and while fallen the task's positive
             terms other than ``getup`` pay nothing.
@@ -231,6 +238,7 @@ class MicroDuckTask:
     command_resample_s: torch.Tensor
     lying_start_fraction: torch.Tensor
     lying_start_side: torch.Tensor
+    reference_start_fraction: torch.Tensor
     fall_terminates: torch.Tensor
     reward_weights: torch.Tensor
     params: TensorDict
@@ -303,6 +311,7 @@ def make_task(
         command_resample_s=_as_float(fields["command_resample_s"], (2,), "command_resample_s", name),
         lying_start_fraction=_as_float(fields["lying_start_fraction"], (), "lying_start_fraction", name),
         lying_start_side=_as_float(fields["lying_start_side"], (), "lying_start_side", name),
+        reference_start_fraction=_as_float(fields["reference_start_fraction"], (), "reference_start_fraction", name),
         fall_terminates=_as_float(fields["fall_terminates"], (), "fall_terminates", name),
         reward_weights=torch.stack(weight_row),
         params=TensorDict({key: _as_float(value, (), key, name) for key, value in params.items()}, batch_size=[]),
@@ -745,7 +754,7 @@ def _check_rows(rows: MicroDuckTask) -> None:
     shapes.update(dict.fromkeys(("warm_start_fraction", "joint_reset_noise_scale", "gait_frequency_hz"), ()))
     shapes.update(gait_frequency_per_mps=(), gait_prior_lift=(), gait_prior_stride_per_mps=())
     shapes.update(yaw_rate_range=(2,), command_resample_s=(2,), turn_in_place_fraction=(), standing_fraction=())
-    shapes.update(lying_start_fraction=(), lying_start_side=(), fall_terminates=())
+    shapes.update(lying_start_fraction=(), lying_start_side=(), reference_start_fraction=(), fall_terminates=())
     for field, shape in shapes.items():
         got = tuple(getattr(rows, field).shape[1:])
         if got != shape:
@@ -783,6 +792,8 @@ def _check_rows(rows: MicroDuckTask) -> None:
     )
     lying = rows.lying_start_fraction
     _require(rows, (lying >= 0) & (lying <= 1), "lying_start_fraction must be in [0, 1]")
+    reference = rows.reference_start_fraction
+    _require(rows, (reference >= 0) & (reference <= 1), "reference_start_fraction must be in [0, 1]")
     side = rows.lying_start_side
     named = (side == -1) | ((side >= 0) & (side < len(LYING_STARTS)) & (side == side.round()))
     _require(rows, named, f"lying_start_side must be -1 (any) or the index of one of {LYING_STARTS}")
