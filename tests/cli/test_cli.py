@@ -705,3 +705,27 @@ def test_init_from_refusals_are_one_line(trained, tmp_path, flags, message, caps
 def test_init_from_a_missing_checkpoint(tmp_path, capsys):
     assert main(["train", "--init-from", str(tmp_path / "nope.pt"), "--out", str(tmp_path / "x")]) == 1
     assert "nope.pt does not exist" in capsys.readouterr().err
+
+
+def test_eval_of_a_getup_run_starts_every_episode_with_a_drop(tmp_path, capsys, monkeypatch):
+    """The getup recipe trains with reference starts along a scripted get-up; waddle eval judges from drops."""
+    import waddle.algorithms.presets as presets
+    import waddle.cli.train as train_cli
+
+    built = {"train": [], "eval": []}
+    for module, key in ((train_cli, "train"), (presets, "eval")):  # waddle eval imports make_env when it runs
+        original = module.make_env
+
+        def wrapper(*args, _original=original, _key=key, **kwargs):
+            env = _original(*args, **kwargs)
+            built[_key].append(env.tasks.reference_start_fraction.clone())
+            return env
+
+        monkeypatch.setattr(module, "make_env", wrapper)
+    out = tmp_path / "run"
+    argv = ["train", "--task", "getup", "--total-steps", "256", *TINY, "--video-frames", "0", "--out", str(out)]
+    assert main(argv) == 0
+    assert main(["eval", str(out), "--episodes", "2", "--max-steps", "4"]) == 0
+    capsys.readouterr()
+    assert float(built["train"][0].min()) == 0.5
+    assert built["eval"] and all(float(fraction.max()) == 0.0 for fraction in built["eval"])
