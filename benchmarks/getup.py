@@ -9,9 +9,14 @@ For each seed this script
    randomization, with the limbs' collision boxes:
 
    * four rows that start lying on the back, the front and either side
-     (dropped with random joint angles), told to stand: the share of the
-     episodes upright (projected gravity z below -0.9, trunk at least 0.1 m up)
-     within 5 s;
+     (dropped from 0.2 m with random joint angles, the servos holding those
+     angles for 1 s while it lands and settles), then told to stand: the share
+     of the episodes that stand (``MicroDuckEnv.standing``: projected gravity z
+     below -0.9, the trunk at least 0.1 m up, a sole on the floor) within 5 s
+     of the policy taking over, and the share standing at the end of the 5 s.
+     The settling keeps a robot that swings its legs while still in the air
+     from counting as a get-up: an early get-up policy landed some drops on its
+     feet within 0.16 s;
    * a row that walks at 0.2 m/s and is pushed sideways at 1 m/s after 3 s:
      the share walking again at the command (upright, and its forward speed
      over the last second within 0.05 of 0.2 m/s) within 8 s of the push;
@@ -36,12 +41,12 @@ from harness import load_line, print_table
 from robot import SCENARIOS, act, add_run_arguments, drive, trained_file
 
 from waddle.algorithms.presets import fixed_command
-from waddle.algorithms.recovery import RecoveryTracker
 from waddle.deploy.daemon import RobotPolicy, parse_policy_file
 from waddle.envs.microduck import MicroDuckEnv
 from waddle.envs.microduck.tasks import LYING_STARTS
 
 UPRIGHT_WITHIN_S = 5.0
+SETTLE_S = 1.0
 PUSH_AT_S = 3.0
 PUSH_SPEED = 1.0
 WALKING_AGAIN_WITHIN_S = 8.0
@@ -63,26 +68,30 @@ def environment(spec, task, episodes: int, steps: int, seed: int) -> MicroDuckEn
 
 
 def lying_start(path: Path, side: int, *, episodes: int, seed: int) -> dict[str, float]:
-    """Episodes that start lying on ``LYING_STARTS[side]``, told to stand: the share upright within 5 s."""
+    """Episodes that start lying on ``LYING_STARTS[side]``, settle, and are told to stand: the share standing
+    within 5 s, the mean time that took, and the share standing at the end."""
     spec = parse_policy_file(path)
     policy = RobotPolicy(path, spec)
     task = fixed_command(MicroDuckEnv.getup_task(lying_start_side=float(side)), (0.0, 0.0, 0.0))
-    steps = round(UPRIGHT_WITHIN_S / 0.02)
-    env = environment(spec, task, episodes, steps, seed)
-    tracker = RecoveryTracker(episodes, env.control_dt)
-    running = torch.ones(episodes, dtype=torch.bool)
+    settle, steps = round(SETTLE_S / 0.02), round(UPRIGHT_WITHIN_S / 0.02)
+    env = environment(spec, task, episodes, settle + steps, seed)
     td = env.reset()
-    tracker.observe(env.standing(), env.fallen(), running)
-    for _ in range(steps):
+    # The servos hold the drop's joint angles while the robot lands: the action whose target is the reading.
+    hold = (env.physics.qpos[:, 7:] - torch.tensor(spec.default_joint_pos, dtype=torch.float32)) / spec.action_scale
+    for _ in range(settle):
+        td = env.step(td.set("action", hold.float()))["next"].exclude("reward", "done", "terminated", "truncated")
+    stood_at = torch.full((episodes,), math.nan)
+    for step in range(1, steps + 1):
         td = env.step(td.set("action", act(policy, td)))["next"]
-        tracker.observe(env.standing(), env.fallen(), running)
+        stood_at = torch.where(stood_at.isnan() & env.standing(), step * env.control_dt, stood_at)
         td = td.exclude("reward", "done", "terminated", "truncated")
+    standing_at_end = env.standing().float().mean()
     env.close()
-    summary = tracker.summary()
+    stood = ~stood_at.isnan()
     return {
-        "success_%": 100.0 * tracker.share_recovered_within(UPRIGHT_WITHIN_S),
-        "time_to_stand_s": summary.time_to_stand_s,
-        "time_to_stand_p95_s": summary.time_to_stand_p95_s,
+        "success_%": 100.0 * float(stood.float().mean()),
+        "time_to_stand_s": float(stood_at[stood].mean()) if stood.any() else math.nan,
+        "standing_at_5s_%": 100.0 * float(standing_at_end),
     }
 
 
@@ -159,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
             + ("" if math.isnan(minutes) else f" in {minutes:.1f} min")
             + f", {args.episodes} episodes per row"
         )
-        columns = ["scenario", "success_%", "time_to_stand_s", "time_to_stand_p95_s", "fell_%", "time_to_walk_s"]
+        columns = ["scenario", "success_%", "time_to_stand_s", "standing_at_5s_%", "fell_%", "time_to_walk_s"]
         columns += ["vx_mps", "vy_mps", "yaw_rate_radps", "drift_p95_deg", "target"]
         print_table(title, rows, columns)
         with open(run / "getup_benchmark.json", "w") as file:
