@@ -25,13 +25,13 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import math
 
 import mujoco
 import numpy as np
 from harness import Column, Table, load_line, timed
 from mujoco import rollout
 
+from waddle.envs.microduck import getup_reference as reference
 from waddle.envs.microduck.assets import load_spec
 from waddle.envs.microduck.constants import EMBEDDED_SCENE, STAND_KEYFRAME
 from waddle.envs.microduck.ground_contact import add_limb_collisions
@@ -39,20 +39,11 @@ from waddle.envs.microduck.robot import DEFAULT_JOINT_POS
 from waddle.envs.microduck.tasks import LYING_STARTS
 
 CONTROL_DT = 0.02
-SETTLE_S = 1.0
 PATTERN_S = 4.0
 HOLD_S = (0.3, 1.2)
 POSES = 3
 UPRIGHT, HEIGHT, HELD_S = 0.9, 0.1, 0.2
 LYING_HEIGHT = 0.05
-HALF = math.sqrt(0.5)
-TILTS = {
-    "back": (HALF, 0.0, -HALF, 0.0),
-    "front": (HALF, 0.0, HALF, 0.0),
-    "left": (HALF, -HALF, 0.0, 0.0),
-    "right": (HALF, HALF, 0.0, 0.0),
-}
-"""The env's lying starts (``MicroDuckEnv._lying_qpos``), at heading 0."""
 
 
 def model() -> mujoco.MjModel:
@@ -63,19 +54,12 @@ def model() -> mujoco.MjModel:
 
 def lying_state(m: mujoco.MjModel, start: str) -> tuple[np.ndarray, float]:
     """The full physics state of a robot dropped onto ``start`` in HOME and settled; and its standing height."""
-    d = mujoco.MjData(m)
-    mujoco.mj_resetDataKeyframe(m, d, m.key(STAND_KEYFRAME).id)
-    standing = float(d.qpos[2])
-    d.qpos[3:7] = TILTS[start]
-    d.qpos[7:] = DEFAULT_JOINT_POS
-    d.qpos[2] = 0.2
-    d.ctrl[:] = DEFAULT_JOINT_POS
-    for _ in range(round(SETTLE_S / m.opt.timestep)):
-        mujoco.mj_step(m, d)
-    d.time = 0.0
+    data = reference.lying_state(m, start, np.asarray(DEFAULT_JOINT_POS))
     state = np.empty(mujoco.mj_stateSize(m, mujoco.mjtState.mjSTATE_FULLPHYSICS))
-    mujoco.mj_getState(m, d, state, mujoco.mjtState.mjSTATE_FULLPHYSICS)
-    return state, standing
+    mujoco.mj_getState(m, data, state, mujoco.mjtState.mjSTATE_FULLPHYSICS)
+    keyframe = mujoco.MjData(m)
+    mujoco.mj_resetDataKeyframe(m, keyframe, m.key(STAND_KEYFRAME).id)
+    return state, float(keyframe.qpos[2])
 
 
 def patterns(m: mujoco.MjModel, scale: float, samples: int, rng: np.random.Generator) -> np.ndarray:
@@ -96,15 +80,19 @@ def patterns(m: mujoco.MjModel, scale: float, samples: int, rng: np.random.Gener
     return np.repeat(targets, substeps, axis=1)
 
 
-def judge(states: np.ndarray, m: mujoco.MjModel, standing: float) -> tuple[np.ndarray, np.ndarray]:
-    """Per pattern: whether it stood the robot up (held ``HELD_S``), and the best ``getup`` reward reached."""
+def getup_rewards(states: np.ndarray, m: mujoco.MjModel, standing: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per pattern and physics step of ``mujoco.rollout`` states: the env's ``getup`` reward (upright cosine
+    squared times the height fraction from ``LYING_HEIGHT`` to standing), and whether the robot stands."""
     qpos = states[..., 1 : 1 + m.nq]
     x, y = qpos[..., 4], qpos[..., 5]
     upright = 1.0 - 2.0 * (x**2 + y**2)  # the trunk z axis' world z
-    height = qpos[..., 2]
-    fraction = np.clip((height - LYING_HEIGHT) / (standing - LYING_HEIGHT), 0.0, 1.0)
-    score = np.clip(upright, 0.0, 1.0) ** 2 * fraction
-    up = (upright > UPRIGHT) & (height >= HEIGHT)
+    fraction = np.clip((qpos[..., 2] - LYING_HEIGHT) / (standing - LYING_HEIGHT), 0.0, 1.0)
+    return np.clip(upright, 0.0, 1.0) ** 2 * fraction, (upright > UPRIGHT) & (qpos[..., 2] >= HEIGHT)
+
+
+def judge(states: np.ndarray, m: mujoco.MjModel, standing: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per pattern: whether it stood the robot up (held ``HELD_S``), and the best ``getup`` reward reached."""
+    score, up = getup_rewards(states, m, standing)
     held = round(HELD_S / m.opt.timestep)
     run = np.zeros(up.shape[0], dtype=int)
     stood = np.zeros(up.shape[0], dtype=bool)

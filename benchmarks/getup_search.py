@@ -40,27 +40,18 @@ import argparse
 
 import mujoco
 import numpy as np
+from getup_feasibility import getup_rewards, lying_state, model
 from harness import Column, Table, load_line, timed
 from mujoco import rollout
 
 from waddle.envs.microduck import getup_reference as reference
-from waddle.envs.microduck.assets import load_spec
-from waddle.envs.microduck.constants import CONTROL_DT, EMBEDDED_SCENE, HEAD, LEFT_LEG, RIGHT_LEG
-from waddle.envs.microduck.ground_contact import add_limb_collisions
+from waddle.envs.microduck.constants import CONTROL_DT, HEAD, LEFT_LEG, RIGHT_LEG
 from waddle.envs.microduck.robot import DEFAULT_JOINT_POS
 from waddle.envs.microduck.tasks import LYING_STARTS
 
-LYING_HEIGHT = 0.05
-UPRIGHT, HEIGHT = 0.9, 0.1
 SYMMETRIC_STARTS = ("back", "front")
 HEAD_PITCHES = slice(HEAD.start, HEAD.start + 2)
 """neck_pitch and head_pitch: the head joints a symmetric pose moves."""
-
-
-def model() -> mujoco.MjModel:
-    spec = load_spec(EMBEDDED_SCENE, low_cost_collisions=True)
-    add_limb_collisions(spec)
-    return spec.compile()
 
 
 def poses_of(params: np.ndarray, symmetric: bool, home: np.ndarray) -> np.ndarray:
@@ -82,15 +73,6 @@ def controls(m: mujoco.MjModel, poses: np.ndarray, home: np.ndarray) -> np.ndarr
     return np.repeat(per_control_step, round(CONTROL_DT / m.opt.timestep), axis=1)
 
 
-def getup_rewards(states: np.ndarray, m: mujoco.MjModel, standing: float) -> tuple[np.ndarray, np.ndarray]:
-    """Per script and physics step: the ``getup`` reward, and whether the robot stands (upright and high)."""
-    qpos = states[..., 1 : 1 + m.nq]
-    x, y = qpos[..., 4], qpos[..., 5]
-    upright = 1.0 - 2.0 * (x**2 + y**2)  # the trunk z axis' world z
-    fraction = np.clip((qpos[..., 2] - LYING_HEIGHT) / (standing - LYING_HEIGHT), 0.0, 1.0)
-    return np.clip(upright, 0.0, 1.0) ** 2 * fraction, (upright > UPRIGHT) & (qpos[..., 2] >= HEIGHT)
-
-
 def search(m, start: str, args, rng: np.random.Generator) -> tuple[float, bool, float, np.ndarray]:
     """The best script found from ``start``: its score, whether it stands up over its last second, the share
     of its noisy copies that do, and its poses."""
@@ -104,12 +86,7 @@ def search(m, start: str, args, rng: np.random.Generator) -> tuple[float, bool, 
         centre = np.r_[home[LEFT_LEG], home[HEAD_PITCHES]]
     else:
         centre = home
-    data = reference.lying_state(m, start, home)
-    state = np.empty(mujoco.mj_stateSize(m, mujoco.mjtState.mjSTATE_FULLPHYSICS))
-    mujoco.mj_getState(m, data, state, mujoco.mjtState.mjSTATE_FULLPHYSICS)
-    keyframe = mujoco.MjData(m)
-    mujoco.mj_resetDataKeyframe(m, keyframe, m.key("STAND").id)
-    standing = float(keyframe.qpos[2])
+    state, standing = lying_state(m, start)
     mean = np.broadcast_to(centre, (reference.SCRIPT_POSES, centre.size)).copy()
     std = np.broadcast_to((high - low) / 3.0, mean.shape).copy()
     last = round(1.0 / m.opt.timestep)

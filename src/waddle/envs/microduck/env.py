@@ -354,13 +354,12 @@ class MicroDuckEnv(MujocoEnv):
         if not bool((self.tasks.reference_start_fraction > 0).any()):
             return None
         home = np.asarray(robot_contract.DEFAULT_JOINT_POS)
-        scripted = [side in getup_reference.GETUP_SCRIPTS for side in presets.LYING_STARTS]
-        self._scripted_sides = torch.tensor(scripted, device=self.device)
-        steps = len(getup_reference.script_targets(next(iter(getup_reference.GETUP_SCRIPTS)), home)) + 1
-        states = np.zeros((len(presets.LYING_STARTS), steps, self.model.nq + self.model.nv))
-        for index, side in enumerate(presets.LYING_STARTS):
-            if scripted[index]:
-                states[index] = getup_reference.reference_trajectory(self.model, side, home)
+        scripted = {
+            side: getup_reference.reference_trajectory(self.model, side, home) for side in getup_reference.GETUP_SCRIPTS
+        }
+        unscripted = np.zeros_like(next(iter(scripted.values())))  # never drawn: _scripted_sides masks it
+        self._scripted_sides = torch.tensor([side in scripted for side in presets.LYING_STARTS], device=self.device)
+        states = np.stack([scripted.get(side, unscripted) for side in presets.LYING_STARTS])
         return torch.as_tensor(states, dtype=self.dtype, device=self.device)
 
     def _configure_from_model(self) -> None:
@@ -771,8 +770,9 @@ class MicroDuckEnv(MujocoEnv):
         qvel: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``qpos`` and ``qvel`` with ``reference_start_fraction`` of the envs moved to a state drawn uniformly
-        along ``side``'s scripted get-up (where that side has a script), turned by ``turn`` about the vertical and centred on the env's
-        origin (the free joint's angular velocity is in the trunk's frame: it needs no turn)."""
+        along ``side``'s scripted get-up (where that side has a script), turned by ``turn`` about the
+        vertical and centred on the env's origin (the free joint's angular velocity is in the trunk's frame:
+        it needs no turn)."""
         n, nq = self.num_envs, self.physics.nq
         states = self._reference_states
         step = torch.randint(states.shape[1], (n,), generator=self.rng, device=self.device)
@@ -795,12 +795,8 @@ class MicroDuckEnv(MujocoEnv):
         yaw = math.pi * self._uniform(n)
         unit = torch.rand(n, self.NUM_JOINTS, generator=self.rng, device=self.device, dtype=self.dtype)
         joints = self._target_low + unit * (self._target_high - self._target_low)
-        half = math.sqrt(0.5)
-        # back: -90 deg about y (rear down); front: +90 about y (head down); left: -90 about x; right: +90 about x.
         tilts = torch.tensor(
-            [[half, 0.0, -half, 0.0], [half, 0.0, half, 0.0], [half, -half, 0.0, 0.0], [half, half, 0.0, 0.0]],
-            dtype=self.dtype,
-            device=self.device,
+            [presets.LYING_TILTS[name] for name in presets.LYING_STARTS], dtype=self.dtype, device=self.device
         )[side]
         turn = torch.stack([(yaw / 2).cos(), torch.zeros_like(yaw), torch.zeros_like(yaw), (yaw / 2).sin()], dim=-1)
         qpos = self._home_qpos.expand(n, -1).clone()

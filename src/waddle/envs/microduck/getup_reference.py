@@ -4,13 +4,15 @@ PPO from a robot lying still on the floor finds no get-up by itself: random
 joint noise around the lying pose never reaches a pose from which the robot
 rises, so the ``getup`` reward stays near zero (docs/microduck.md). A get-up
 does exist within the servos' ranges and torques. :data:`GETUP_SCRIPTS` holds
-one for each lying start the search has solved, found by ``benchmarks/getup_search.py`` (a cross-entropy
-search over a few held poses): each is :data:`SCRIPT_POSES` servo-target poses
-held :data:`POSE_HOLD_S` each, then the default pose for :data:`FINAL_HOLD_S`.
+one for each lying start the search has solved, found by
+``benchmarks/getup_search.py`` (a cross-entropy search over a few held poses):
+each is :data:`SCRIPT_POSES` servo-target poses held :data:`POSE_HOLD_S` each,
+then the default pose for :data:`FINAL_HOLD_S`.
 
 So far those are the back and the front. The env uses them for *reference
-starts* (DeepMimic's reference state initialisation): a share of the episodes that start on the floor begin instead
-at a state drawn along their side's scripted get-up, so the policy meets the
+starts* (DeepMimic's reference state initialisation): a share of the episodes
+that start on the floor begin instead at a state drawn along their side's
+scripted get-up, so the policy meets the
 states a get-up passes through, and the ``getup`` reward they earn, from the
 first iteration. The scripts are open loop and for the nominal model only; the
 policy is never told to follow them.
@@ -18,18 +20,14 @@ policy is never told to follow them.
 
 from __future__ import annotations
 
-import math
-
 import mujoco
 import numpy as np
 
 from waddle.envs.microduck.constants import CONTROL_DT, NUM_JOINTS, STAND_KEYFRAME
+from waddle.envs.microduck.tasks import LYING_DROP_HEIGHT, LYING_TILTS
 
 SETTLE_S = 1.0
 """Seconds a robot dropped onto its lying start is left to settle, in the default pose, before a script."""
-
-DROP_HEIGHT = 0.2
-"""Height, m, of the trunk from which a script's robot is dropped onto its lying start."""
 
 POSE_HOLD_S = 0.6
 """Seconds a script holds each of its poses."""
@@ -39,15 +37,6 @@ FINAL_HOLD_S = 1.6
 
 SCRIPT_POSES = 4
 """Poses per script."""
-
-_HALF = math.sqrt(0.5)
-LYING_TILTS: dict[str, tuple[float, float, float, float]] = {
-    "back": (_HALF, 0.0, -_HALF, 0.0),
-    "front": (_HALF, 0.0, _HALF, 0.0),
-    "left": (_HALF, -_HALF, 0.0, 0.0),
-    "right": (_HALF, _HALF, 0.0, 0.0),
-}
-"""The trunk's orientation (w, x, y, z) on each lying start at heading 0, as the env drops it."""
 
 # fmt: off
 GETUP_SCRIPTS: dict[str, tuple[tuple[float, ...], ...]] = {
@@ -82,13 +71,13 @@ def script_targets(side: str, default_joint_pos: np.ndarray) -> np.ndarray:
 
 
 def lying_state(model: mujoco.MjModel, side: str, default_joint_pos: np.ndarray) -> mujoco.MjData:
-    """A robot dropped from :data:`DROP_HEIGHT` onto ``side`` at heading 0, in ``default_joint_pos`` and
+    """A robot dropped from ``LYING_DROP_HEIGHT`` onto ``side`` at heading 0, in ``default_joint_pos`` and
     holding it, left to settle for :data:`SETTLE_S`; ``time`` is reset to 0."""
     if side not in LYING_TILTS:
         raise ValueError(f"side must be one of {tuple(LYING_TILTS)}, got {side!r}.")
     data = mujoco.MjData(model)
     mujoco.mj_resetDataKeyframe(model, data, model.key(STAND_KEYFRAME).id)
-    data.qpos[2] = DROP_HEIGHT
+    data.qpos[2] = LYING_DROP_HEIGHT
     data.qpos[3:7] = LYING_TILTS[side]
     data.qpos[7:] = default_joint_pos
     data.ctrl[:] = default_joint_pos

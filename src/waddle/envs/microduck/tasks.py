@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -137,6 +138,15 @@ WALKING_REWARD_WEIGHTS: dict[str, float] = {"heading_hold": 2.0}
 LYING_STARTS: tuple[str, ...] = ("back", "front", "left", "right")
 """Ways an episode can start on the floor: pitched 90 degrees backward (the trunk's rear down), forward (the
 head down), or rolled 90 degrees onto the left or the right side."""
+
+_HALF = math.sqrt(0.5)
+LYING_TILTS: dict[str, tuple[float, float, float, float]] = {
+    "back": (_HALF, 0.0, -_HALF, 0.0),  # -90 degrees about y
+    "front": (_HALF, 0.0, _HALF, 0.0),  # +90 about y
+    "left": (_HALF, -_HALF, 0.0, 0.0),  # -90 about x
+    "right": (_HALF, _HALF, 0.0, 0.0),  # +90 about x
+}
+"""The trunk's orientation (w, x, y, z) on each of :data:`LYING_STARTS` at heading 0."""
 
 LYING_DROP_HEIGHT = 0.2
 """Height, m, of the trunk from which a lying start is dropped: clear of the floor whatever the joints."""
