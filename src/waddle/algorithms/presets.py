@@ -333,7 +333,7 @@ def without_reference_starts(task: MicroDuckTask) -> MicroDuckTask:
 
 def fixed_command(task: MicroDuckTask, command: tuple[float, ...]) -> MicroDuckTask:
     """A copy of ``task`` that commands the twist ``(vx, vy)`` or ``(vx, vy, vyaw)`` for whole episodes:
-    its box and yaw range shrunk to the point, no standing or turning shares, no new commands.
+    its box and yaw range shrunk to the point, no standing, turning or sidestep shares, no new commands.
 
     Raises:
         ValueError: ``command`` does not hold 2 or 3 finite numbers.
@@ -347,6 +347,7 @@ def fixed_command(task: MicroDuckTask, command: tuple[float, ...]) -> MicroDuckT
     row.command_high = torch.tensor([vx, vy])
     row.yaw_rate_range = torch.tensor([vyaw, vyaw])
     row.turn_in_place_fraction = torch.tensor(0.0)
+    row.sidestep_fraction = torch.tensor(0.0)
     row.standing_fraction = torch.tensor(0.0)
     row.command_resample_s = torch.tensor([0.0, 0.0])
     return row

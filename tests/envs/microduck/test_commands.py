@@ -9,7 +9,14 @@ import torch
 from waddle.envs.microduck.commands import TwistCommands
 from waddle.envs.microduck.tasks import joystick_task, tracking_task
 
-FIELDS = ("command_low", "command_high", "yaw_rate_range", "standing_fraction", "turn_in_place_fraction")
+FIELDS = (
+    "command_low",
+    "command_high",
+    "yaw_rate_range",
+    "standing_fraction",
+    "turn_in_place_fraction",
+    "sidestep_fraction",
+)
 
 
 def rows_of(task, n: int) -> dict[str, torch.Tensor]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -47,6 +48,39 @@ def test_the_joystick_draw_has_its_shares_of_standing_and_turning_in_place():
     assert (planar[moving, 0].abs() <= 0.4).all() and (planar[moving, 1].abs() <= 0.3).all()
     assert planar[moving].abs().amax(0).tolist() > [0.35, 0.25]  # the whole box is drawn
     env.close()
+
+
+def test_a_sidestep_share_steps_sideways_only_and_leaves_the_other_draws_as_they_were():
+    plain, sidestepping = joystick_env(8192, sidestep_fraction=0.0), joystick_env(8192)
+    before, after = plain.reset(), sidestepping.reset()
+    planar, yaw = after["command"], after["yaw_rate_command"].squeeze(-1)
+    changed = (planar != before["command"]).any(-1) | (yaw != before["yaw_rate_command"].squeeze(-1))
+    sideways = (planar[:, 0] == 0) & (planar[:, 1] != 0) & (yaw == 0)
+    # The preset's 15 % share sits above the 25 % that stand or turn: only draws of the box move into it.
+    assert abs(sideways.float().mean().item() - 0.15) < 0.02  # standard error 0.4 points at 8192 draws
+    assert torch.equal(changed, sideways)
+    speed = planar[sideways, 1].abs()
+    assert (speed >= 0.25 * 0.3 - 1e-6).all() and (speed <= 0.3 + 1e-6).all()  # 0.075-0.3 m/s of the 0.3 box
+    assert abs((planar[sideways, 1] > 0).float().mean().item() - 0.5) < 0.05  # both ways
+    plain.close()
+    sidestepping.close()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"sidestep_fraction": 1.5}, "sidestep_fraction must be in [0, 1]"),
+        ({"sidestep_fraction": 0.8}, "turn_in_place_fraction + sidestep_fraction + standing_fraction must be <= 1"),
+    ],
+)
+def test_a_bad_sidestep_share_is_refused_by_name(overrides, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        joystick_env(2, **overrides)
+
+
+def test_a_sidestep_share_needs_a_lateral_range():
+    with pytest.raises(ValueError, match="sidestep_fraction > 0 needs a command box with a lateral"):
+        MicroDuckEnv(tasks=[MicroDuckEnv.tracking_task(0.2, sidestep_fraction=0.1)], num_envs=2)
 
 
 def test_a_pinned_twist_is_held_and_a_drawn_one_is_redrawn_within_the_episode():

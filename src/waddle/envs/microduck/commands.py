@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
-from waddle.envs.microduck.tasks import TURN_IN_PLACE_MIN_FRACTION
+from waddle.envs.microduck.tasks import SIDESTEP_MIN_FRACTION, TURN_IN_PLACE_MIN_FRACTION
 
 LISTED = 8
 """Envs an error message lists by index; a batch of thousands would bury the message."""
@@ -45,9 +45,10 @@ class TwistCommands:
     Args:
         num_envs: the batch.
         control_dt: seconds per step: the redraw timers and the commanded heading advance by it.
-        varies: whether the task library turns, stands a share or redraws commands (any
-            ``yaw_rate_range``, ``turn_in_place_fraction``, ``standing_fraction`` or
-            ``command_resample_s``); a library that does none of it draws only the planar box.
+        varies: whether the task library turns, gives shares to standing, turning or sidestepping, or
+            redraws commands (any ``yaw_rate_range``, ``turn_in_place_fraction``, ``sidestep_fraction``,
+            ``standing_fraction`` or ``command_resample_s``); a library that does none of it draws only
+            the planar box.
     """
 
     def __init__(
@@ -141,8 +142,12 @@ class TwistCommands:
 
     def sample(self, task: Mapping[str, Any], generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """A twist drawn per env from its task: uniform in the box and the yaw range, then the task's
-        shares of standing (a zero twist) and turning in place (no planar command, a yaw rate of at least
-        ``TURN_IN_PLACE_MIN_FRACTION`` of the range's largest magnitude)."""
+        shares of standing (a zero twist), turning in place (no planar command, a yaw rate of at least
+        ``TURN_IN_PLACE_MIN_FRACTION`` of the range's largest magnitude) and sidestepping (a lateral speed
+        of at least ``SIDESTEP_MIN_FRACTION`` of the box's largest ``|vy|``, nothing else).
+
+        One uniform picks the share; the magnitude and sign of a turn or a sidestep reuse the same two
+        draws, so a task without a sidestep share draws what it always drew."""
         n = self.num_envs
         low, high = task["command_low"], task["command_high"]
         fraction = torch.rand(n, 2, generator=generator, device=self.device, dtype=self.dtype)
@@ -153,14 +158,26 @@ class TwistCommands:
         draws = torch.rand(n, 4, generator=generator, device=self.device, dtype=self.dtype)
         yaw_low, yaw_high = task["yaw_rate_range"].unbind(-1)
         yaw_rate = yaw_low + draws[:, 0] * (yaw_high - yaw_low)
-        standing = draws[:, 1] < task["standing_fraction"]
-        turning = ~standing & (draws[:, 1] < task["standing_fraction"] + task["turn_in_place_fraction"])
-        largest = torch.maximum(yaw_low.abs(), yaw_high.abs())
-        magnitude = largest * (TURN_IN_PLACE_MIN_FRACTION + (1 - TURN_IN_PLACE_MIN_FRACTION) * draws[:, 2])
-        turn = torch.where(draws[:, 3] < 0.5, -magnitude, magnitude).clamp(yaw_low, yaw_high)
-        yaw_rate = torch.where(turning, turn, torch.where(standing, torch.zeros_like(yaw_rate), yaw_rate))
-        still = (standing | turning).unsqueeze(-1)
-        command = torch.where(still, torch.zeros_like(command).clamp(low, high), command)
+        share = draws[:, 1]
+        standing = share < task["standing_fraction"]
+        turn_edge = task["standing_fraction"] + task["turn_in_place_fraction"]
+        turning = ~standing & (share < turn_edge)
+        sidestepping = ~standing & ~turning & (share < turn_edge + task["sidestep_fraction"])
+        negative = draws[:, 3] < 0.5
+
+        def magnitude(largest: torch.Tensor, least: float) -> torch.Tensor:
+            value = largest * (least + (1 - least) * draws[:, 2])
+            return torch.where(negative, -value, value)
+
+        turn = magnitude(torch.maximum(yaw_low.abs(), yaw_high.abs()), TURN_IN_PLACE_MIN_FRACTION)
+        yaw_rate = torch.where(turning, turn.clamp(yaw_low, yaw_high), yaw_rate)
+        yaw_rate = torch.where(standing | sidestepping, torch.zeros_like(yaw_rate), yaw_rate)
+        rest = torch.zeros_like(command).clamp(low, high)
+        command = torch.where((standing | turning).unsqueeze(-1), rest, command)
+        lateral_low, lateral_high = low[..., 1], high[..., 1]
+        lateral = magnitude(torch.maximum(lateral_low.abs(), lateral_high.abs()), SIDESTEP_MIN_FRACTION)
+        sidestep = torch.stack((rest[..., 0], lateral.clamp(lateral_low, lateral_high)), dim=-1)
+        command = torch.where(sidestepping.unsqueeze(-1), sidestep, command)
         return command, yaw_rate
 
     def _interval(self, task: Mapping[str, Any], generator: torch.Generator) -> torch.Tensor:

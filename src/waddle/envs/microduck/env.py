@@ -307,6 +307,7 @@ class MicroDuckEnv(MujocoEnv):
         self._varied_commands = bool(
             (self.tasks.yaw_rate_range != 0).any()
             or (self.tasks.turn_in_place_fraction > 0).any()
+            or (self.tasks.sidestep_fraction > 0).any()
             or (self.tasks.standing_fraction > 0).any()
             or (self.tasks.command_resample_s > 0).any()
         )

@@ -94,6 +94,7 @@ RESERVED_PARAM_NAMES = frozenset(
         "gait_prior_stride_per_mps",
         "yaw_rate_range",
         "turn_in_place_fraction",
+        "sidestep_fraction",
         "standing_fraction",
         "command_resample_s",
         "lying_start_fraction",

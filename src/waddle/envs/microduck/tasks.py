@@ -161,6 +161,7 @@ TASK_FIELDS: dict[str, Any] = {
     "gait_prior_stride_per_mps": 0.0,
     "yaw_rate_range": (0.0, 0.0),
     "turn_in_place_fraction": 0.0,
+    "sidestep_fraction": 0.0,
     "standing_fraction": 0.0,
     "command_resample_s": (0.0, 0.0),
     "lying_start_fraction": 0.0,
@@ -205,6 +206,9 @@ class MicroDuckTask:
         turn_in_place_fraction: share of the draws that turn in place: no
             planar command and a yaw rate of at least
             :data:`TURN_IN_PLACE_MIN_FRACTION` of the range's largest magnitude.
+        sidestep_fraction: share of the draws that step sideways: no forward
+            or yaw command and a lateral speed of at least
+            :data:`SIDESTEP_MIN_FRACTION` of the box's largest ``|vy|``.
         standing_fraction: share of the draws that stand: a zero twist.
         command_resample_s: ``(low, high)`` seconds, shape ``(2,)``, after which
             an env draws a new command within the episode (each interval drawn
@@ -244,6 +248,7 @@ class MicroDuckTask:
     gait_prior_stride_per_mps: torch.Tensor
     yaw_rate_range: torch.Tensor
     turn_in_place_fraction: torch.Tensor
+    sidestep_fraction: torch.Tensor
     standing_fraction: torch.Tensor
     command_resample_s: torch.Tensor
     lying_start_fraction: torch.Tensor
@@ -317,6 +322,7 @@ def make_task(
         gait_prior_stride_per_mps=_as_float(fields["gait_prior_stride_per_mps"], (), "gait_prior_stride_per_mps", name),
         yaw_rate_range=_as_float(fields["yaw_rate_range"], (2,), "yaw_rate_range", name),
         turn_in_place_fraction=_as_float(fields["turn_in_place_fraction"], (), "turn_in_place_fraction", name),
+        sidestep_fraction=_as_float(fields["sidestep_fraction"], (), "sidestep_fraction", name),
         standing_fraction=_as_float(fields["standing_fraction"], (), "standing_fraction", name),
         command_resample_s=_as_float(fields["command_resample_s"], (2,), "command_resample_s", name),
         lying_start_fraction=_as_float(fields["lying_start_fraction"], (), "lying_start_fraction", name),
@@ -461,6 +467,10 @@ TURN_IN_PLACE_MIN_FRACTION = 0.4
 """A turn-in-place command's yaw rate is at least this fraction of its range's largest magnitude (0.4 rad/s
 of upstream's 1.0): a slower turn is hardly a turn."""
 
+SIDESTEP_MIN_FRACTION = 0.25
+"""A sidestep command's lateral speed is at least this fraction of its box's largest ``|vy|`` (0.075 m/s of
+upstream's 0.3): above the standing threshold, and as slow as a careful sidestep on the gamepad."""
+
 JOYSTICK_LINEAR_RANGE: tuple[tuple[float, float], tuple[float, float]] = ((-0.4, -0.3), (0.4, 0.3))
 """``(low, high)`` corners of the joystick preset's planar command box, m/s: upstream's velocity task."""
 
@@ -470,6 +480,11 @@ JOYSTICK_YAW_RATE_RANGE: tuple[float, float] = (-1.0, 1.0)
 JOYSTICK_TURN_IN_PLACE_FRACTION = 0.15
 """Share of the joystick preset's commands that turn in place. Upstream found that without such a share
 turning on the spot was about 2 % of the data and never learned."""
+
+JOYSTICK_SIDESTEP_FRACTION = 0.15
+"""Share of the joystick preset's commands that step sideways and do nothing else. Drawn from the box alone,
+almost every command carries some vy, and the policies tracked about a third of it (0.022 m/s of a 0.1 m/s
+sidestep on the nominal robot): the pure sidestep, like the pure turn, needs a share of its own."""
 
 JOYSTICK_STANDING_FRACTION = 0.1
 """Share of the joystick preset's commands that stand (upstream grows its share from 2 % to 25 %)."""
@@ -519,7 +534,8 @@ def joystick_task(
 
     The planar command is drawn in :data:`JOYSTICK_LINEAR_RANGE` and the yaw
     rate in :data:`JOYSTICK_YAW_RATE_RANGE`; :data:`JOYSTICK_TURN_IN_PLACE_FRACTION`
-    of the draws turn in place and :data:`JOYSTICK_STANDING_FRACTION` stand, and
+    of the draws turn in place, :data:`JOYSTICK_SIDESTEP_FRACTION` step sideways and
+    :data:`JOYSTICK_STANDING_FRACTION` stand, and
     every env draws a new command every 3-8 s (:data:`JOYSTICK_RESAMPLE_S`).
     Nothing in it needs a gait clock: it is the task for ``action_mode="robot"``
     and the robot's observation.
@@ -539,6 +555,7 @@ def joystick_task(
             "name": "joystick",
             "yaw_rate_range": JOYSTICK_YAW_RATE_RANGE,
             "turn_in_place_fraction": JOYSTICK_TURN_IN_PLACE_FRACTION,
+            "sidestep_fraction": JOYSTICK_SIDESTEP_FRACTION,
             "standing_fraction": JOYSTICK_STANDING_FRACTION,
             "command_resample_s": JOYSTICK_RESAMPLE_S,
             **JOYSTICK_PARAMS,
@@ -764,6 +781,7 @@ def _check_rows(rows: MicroDuckTask) -> None:
     shapes.update(dict.fromkeys(("warm_start_fraction", "joint_reset_noise_scale", "gait_frequency_hz"), ()))
     shapes.update(gait_frequency_per_mps=(), gait_prior_lift=(), gait_prior_stride_per_mps=())
     shapes.update(yaw_rate_range=(2,), command_resample_s=(2,), turn_in_place_fraction=(), standing_fraction=())
+    shapes.update(sidestep_fraction=())
     shapes.update(lying_start_fraction=(), lying_start_side=(), reference_start_fraction=(), fall_terminates=())
     for field, shape in shapes.items():
         got = tuple(getattr(rows, field).shape[1:])
@@ -792,14 +810,14 @@ def _check_rows(rows: MicroDuckTask) -> None:
     ordered = (resample >= 0).all(-1) & (resample[:, 0] <= resample[:, 1])
     ordered &= (resample[:, 1] == 0) | (resample[:, 0] > 0)
     _require(rows, ordered, "command_resample_s must be (0, 0) (hold the command) or (low, high) with 0 < low <= high")
-    shares = {"turn_in_place_fraction": rows.turn_in_place_fraction, "standing_fraction": rows.standing_fraction}
+    shares = {
+        "turn_in_place_fraction": rows.turn_in_place_fraction,
+        "sidestep_fraction": rows.sidestep_fraction,
+        "standing_fraction": rows.standing_fraction,
+    }
     for field, share in shares.items():
         _require(rows, (share >= 0) & (share <= 1), f"{field} must be in [0, 1]")
-    _require(
-        rows,
-        rows.turn_in_place_fraction + rows.standing_fraction <= 1,
-        "turn_in_place_fraction + standing_fraction must be <= 1",
-    )
+    _require(rows, sum(shares.values()) <= 1, f"{' + '.join(shares)} must be <= 1")
     lying = rows.lying_start_fraction
     _require(rows, (lying >= 0) & (lying <= 1), "lying_start_fraction must be in [0, 1]")
     reference = rows.reference_start_fraction
@@ -811,6 +829,9 @@ def _check_rows(rows: MicroDuckTask) -> None:
     _require(rows, (ends == 0) | (ends == 1), "fall_terminates must be 1 (a fall ends the episode) or 0")
     turns = (rows.turn_in_place_fraction == 0) | (yaw.abs().amax(-1) > 0)
     _require(rows, turns, "turn_in_place_fraction > 0 needs a yaw_rate_range to turn in")
+    lateral = torch.maximum(rows.command_low[:, 1].abs(), rows.command_high[:, 1].abs())
+    sidesteps = (rows.sidestep_fraction == 0) | (lateral > 0)
+    _require(rows, sidesteps, "sidestep_fraction > 0 needs a command box with a lateral (vy) extent to step in")
     for key in ("tracking_relative_std", "progress_off_axis_std"):  # 0 turns each off
         _require(rows, rows.params[key] >= 0, f"params[{key!r}] must be >= 0 (0: off)")
     bad_names = [name for name in _names(rows) if not isinstance(name, str) or not name]
