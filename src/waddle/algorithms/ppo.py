@@ -74,6 +74,7 @@ from waddle.algorithms.task_library import (
     task_library,
 )
 from waddle.collectors.rollout import RolloutCollector
+from waddle.modules.heading_memory import HeadingMemory
 from waddle.modules.networks import (
     HEADING_ERROR_KEY,
     LOG_STD_BOUNDS,
@@ -163,6 +164,12 @@ class PPOConfig:
     its mirror image, exactly left-right equivariant (:class:`~waddle.modules.networks.PolicyMean`). Training
     samples around the actor's own mean either way. ``None``: on for an actor that reads the robot observation
     and is trained with a mirror loss (the robot's file), off otherwise."""
+    heading_memory_s: float = 0.0
+    """Time constant, seconds, of the actor's heading memory (0: none; ``math.inf``: never forgets). With one,
+    an action entry that the env names (``MicroDuckEnv.HEADING_MEMORY``: the head's yaw on the robot
+    observation) is not sampled but computed from the previous action as a leaky integral of the yaw rate the
+    command did not ask for (:class:`~waddle.modules.heading_memory.HeadingMemory`): a feed-forward actor
+    that reads its previous output can then see its heading error, which the gyro alone does not show."""
     overlap_rollout: bool = False
     """Collect the next rollout in a background thread while the update runs, with the policy from before
     that update: the simulator keeps stepping during the update, at the price of one iteration of policy
@@ -187,6 +194,13 @@ class PPOConfig:
                 raise ValueError(f"PPOConfig.{name} must be > 0, got {getattr(self, name)!r}.")
         if not (isinstance(self.mirror_loss_coef, (int, float)) and 0.0 <= self.mirror_loss_coef < math.inf):
             raise ValueError(f"PPOConfig.mirror_loss_coef must be a finite number >= 0, got {self.mirror_loss_coef!r}.")
+        if isinstance(self.heading_memory_s, bool) or not (
+            isinstance(self.heading_memory_s, (int, float)) and self.heading_memory_s >= 0
+        ):
+            raise ValueError(
+                f"PPOConfig.heading_memory_s must be a number >= 0 (0: no memory, inf: never forgets), "
+                f"got {self.heading_memory_s!r}."
+            )
         if self.symmetric_policy not in (None, True, False):
             raise ValueError(f"PPOConfig.symmetric_policy must be None, True or False, got {self.symmetric_policy!r}.")
         for name in ("gamma", "gae_lambda"):
@@ -335,6 +349,29 @@ def mirrors_of(
             "set mirror_loss_coef=0 and symmetric_policy=False for an env without one."
         )
     return mirrors[key], mirrors["action"]
+
+
+def heading_memory_of(env: EnvBase, key: str, time_constant_s: float) -> HeadingMemory | None:
+    """The heading memory of an actor reading ``key`` of ``env``, with this time constant (``None`` at 0).
+
+    Raises:
+        ValueError: ``env`` names no heading memory for ``key``.
+    """
+    if time_constant_s == 0:
+        return None
+    layouts = getattr(env, "HEADING_MEMORY", None) or {}
+    if key not in layouts:
+        raise ValueError(
+            f"PPOConfig.heading_memory_s > 0 needs an actor observation whose heading memory the env names; "
+            f"{type(env).__name__} names one for {sorted(layouts) or 'none'} (HEADING_MEMORY), the actor reads "
+            f"{key!r}. Use actor_observation='robot' with MicroDuckEnv, or heading_memory_s=0."
+        )
+    return HeadingMemory(
+        **layouts[key],
+        control_dt=float(env.control_dt),
+        action_scale=float(env.action_scale),
+        time_constant_s=float(time_constant_s),
+    )
 
 
 def mirror_loss(
@@ -498,6 +535,7 @@ class PPO:
             config.actor_hidden_sizes,
             init_std=math.exp(config.init_log_std),
             observation_key=self.actor_key,
+            memory=heading_memory_of(env, self.actor_key, config.heading_memory_s),
             **tasks,
         )
         critic_normalizer = self.normalizer if self.critic_normalizer is None else self.critic_normalizer
@@ -758,7 +796,9 @@ class PPO:
             **reward_term_means(batch["next"]),
             **stats,
             "charts/learning_rate": self.learning_rate,
-            "charts/action_std": float(self.policy.log_std.detach().clamp(*LOG_STD_BOUNDS).exp().mean()),
+            "charts/action_std": float(
+                self.policy.log_std.detach().clamp(*LOG_STD_BOUNDS).exp()[~self.policy.pinned].mean()
+            ),
             "perf/rollout_s": rollout_time,
             "perf/update_s": update_time,
             "perf/rollout_cpu_s": rollout_cpu,

@@ -303,6 +303,12 @@ def _export_robot_policy(args: argparse.Namespace, policy: torch.nn.Module, env:
     print(f"metadata {METADATA_KEY!r}: " + json.dumps(metadata))
     if getattr(policy, "symmetric", False):
         print("left-right symmetric: the graph averages the actor with its mirror image (PPOConfig.symmetric_policy)")
+    memory = getattr(getattr(policy, "policy", None), "memory", None)
+    if memory is not None:
+        print(
+            f"heading memory: action {memory.channel} (head yaw) is the leaky integral of gyro yaw rate minus vyaw "
+            f"over {memory.time_constant_s:g} s, from the previous action (PPOConfig.heading_memory_s)"
+        )
     print(f"parity: max |onnx - torch| = {worst:.2e} over {args.samples} random observations")
     return 0
 

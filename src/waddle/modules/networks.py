@@ -28,6 +28,7 @@ from tensordict.nn import InteractionType, TensorDictModule
 from torch import nn
 from torchrl.modules import IndependentNormal, ProbabilisticActor, ValueOperator
 
+from waddle.modules.heading_memory import HeadingMemory
 from waddle.modules.mlp import mlp
 from waddle.modules.normalizer import RunningNormalizer
 from waddle.modules.task_embedding import TASK_ID_KEY, append_task_embedding, conditioned
@@ -46,6 +47,43 @@ LOG_STD_BOUNDS = (-5.0, 1.0)
 """The log standard deviation is clamped to this range before use."""
 
 
+class PinnedNormal(IndependentNormal):
+    """:class:`~torchrl.modules.IndependentNormal` over the action entries, with the ``pinned`` ones not drawn.
+
+    A pinned entry is its mean in every sample and adds nothing to the log-probability or the entropy:
+    it is a function of the observation that the actor computes (a
+    :class:`~waddle.modules.heading_memory.HeadingMemory`), not a choice PPO explores or reweights.
+
+    Args:
+        loc: mean, ``(..., action_dim)``.
+        scale: standard deviation, same shape (its pinned entries are not used).
+        pinned: ``(action_dim,)`` bool, true at the entries that are not drawn.
+
+    Example:
+        >>> dist = PinnedNormal(torch.zeros(2, 3), torch.ones(2, 3), pinned=torch.tensor([False, True, False]))
+        >>> dist.sample()[:, 1].tolist(), round(float(dist.log_prob(torch.zeros(2, 3))[0]), 4)
+        ([0.0, 0.0], -1.8379)
+    """
+
+    def __init__(self, loc: torch.Tensor, scale: torch.Tensor, *, pinned: torch.Tensor, **kwargs) -> None:
+        self.pinned = pinned.to(loc.device)
+        super().__init__(loc, torch.where(self.pinned, torch.ones_like(scale), scale), **kwargs)
+
+    def rsample(self, sample_shape: torch.Size = torch.Size()) -> torch.Tensor:  # noqa: B008 (torch's default)
+        drawn = super().rsample(sample_shape)
+        return torch.where(self.pinned, self.base_dist.loc.expand_as(drawn), drawn)
+
+    def sample(self, sample_shape: torch.Size = torch.Size()) -> torch.Tensor:  # noqa: B008
+        with torch.no_grad():
+            return self.rsample(sample_shape)
+
+    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
+        return self.base_dist.log_prob(value).masked_fill(self.pinned, 0.0).sum(-1)
+
+    def entropy(self) -> torch.Tensor:
+        return self.base_dist.entropy().masked_fill(self.pinned, 0.0).sum(-1)
+
+
 class GaussianPolicy(nn.Module):
     """``observation -> (loc, scale)``: an MLP mean and a learned, state-independent scale.
 
@@ -60,6 +98,8 @@ class GaussianPolicy(nn.Module):
             ``num_tasks > 1`` (0: never read the task id).
         observation_key: the env entry the policy reads (``"observation"``,
             or ``"sensor_observation"`` for a policy that runs on the robot).
+        memory: a :class:`~waddle.modules.heading_memory.HeadingMemory` whose entry
+            replaces the MLP's (and is pinned: not sampled), or ``None``.
 
     Example:
         >>> policy = GaussianPolicy(RunningNormalizer(3), 2, (16,), init_std=0.5)
@@ -79,6 +119,7 @@ class GaussianPolicy(nn.Module):
         num_tasks: int = 1,
         task_embedding_dim: int = 0,
         observation_key: str = OBSERVATION_KEY,
+        memory: HeadingMemory | None = None,
     ) -> None:
         super().__init__()
         if init_std <= 0:
@@ -94,10 +135,25 @@ class GaussianPolicy(nn.Module):
         self.log_std = nn.Parameter(torch.full((action_dim,), math.log(init_std)))
         # Made after the MLP, so the MLP's weights are the seed's first draws whether or not it reads a task id.
         self.task_embedding = nn.Embedding(num_tasks, embedding_dim) if embedding_dim else None
+        self.memory = memory
+        if memory is not None and not 0 <= memory.channel < action_dim:
+            raise ValueError(f"memory: channel {memory.channel} is not an action entry (action_dim {action_dim}).")
+        pinned = torch.zeros(action_dim, dtype=torch.bool) if memory is None else memory.pinned(action_dim)
+        self.register_buffer("pinned", pinned, persistent=False)
 
     @property
     def reads_task_id(self) -> bool:
         return self.task_embedding is not None
+
+    def distribution_kwargs(self) -> dict[str, torch.Tensor]:
+        """What :class:`PinnedNormal` needs beyond ``loc`` and ``scale`` (nothing without a memory)."""
+        return {} if self.memory is None else {"pinned": self.pinned}
+
+    def distribution(self, loc: torch.Tensor, scale: torch.Tensor) -> IndependentNormal:
+        """The action distribution at ``(loc, scale)``: a :class:`PinnedNormal` when the policy has a memory."""
+        if self.memory is None:
+            return IndependentNormal(loc, scale)
+        return PinnedNormal(loc, scale, **self.distribution_kwargs())
 
     def features(self, observation: torch.Tensor, task_id: torch.Tensor | None = None) -> torch.Tensor:
         """What the MLP reads: the normalised observation, and the task's embedding row when conditioned."""
@@ -111,6 +167,9 @@ class GaussianPolicy(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         loc = self.net(self.features(observation, task_id))
         scale = self.log_std.clamp(*LOG_STD_BOUNDS).exp().expand_as(loc)
+        if self.memory is not None:
+            loc = self.memory.insert(loc, observation)
+            scale = torch.where(self.pinned, torch.ones_like(scale), scale)
         return loc, scale
 
 
@@ -210,6 +269,8 @@ class PolicyMean(nn.Module):
             observation_mirror, action_mirror = self.mirrors
             reflected = self.policy.net(self.policy.features(observation_mirror(observation), task_id))
             loc = 0.5 * (loc + action_mirror(reflected))
+        if self.policy.memory is not None:
+            loc = self.policy.memory.insert(loc, observation)
         return loc.clamp(self.low, self.high)
 
 
@@ -257,10 +318,12 @@ def make_actor(policy: GaussianPolicy) -> ProbabilisticActor:
     says otherwise; for the deterministic policy use :class:`PolicyMean`.
     """
     module = TensorDictModule(policy, in_keys=network_in_keys(policy), out_keys=["loc", "scale"])
+    kwargs = policy.distribution_kwargs()
     return ProbabilisticActor(
         module,
         in_keys=["loc", "scale"],
-        distribution_class=IndependentNormal,
+        distribution_class=PinnedNormal if kwargs else IndependentNormal,
+        distribution_kwargs=kwargs or None,
         return_log_prob=True,
         default_interaction_type=InteractionType.RANDOM,
     )
@@ -271,7 +334,8 @@ class GeneratorActor(nn.Module):
 
     It writes what :func:`make_actor`'s actor writes in sampling mode:
     ``"loc"``, ``"scale"``, an ``"action"`` drawn from ``Normal(loc, scale)``
-    and its ``"action_log_prob"`` (summed over the action entries). It is for
+    (its pinned entries at their mean) and its ``"action_log_prob"`` (summed
+    over the drawn entries). It is for
     a thread that acts while another computes TorchRL losses: those switch the
     process-wide exploration type to deterministic while they run, and the
     other thread's draws must not depend on that or on its global generator.
@@ -287,13 +351,13 @@ class GeneratorActor(nn.Module):
         inputs = [td[key] for key in self.in_keys]
         loc, scale = self.policy(*inputs)
         noise = torch.randn(loc.shape, generator=self.generator, dtype=loc.dtype, device=loc.device)
-        action = loc + scale * noise
+        action = torch.where(self.policy.pinned, loc, loc + scale * noise)
         td.update(
             {
                 "loc": loc,
                 "scale": scale,
                 "action": action,
-                "action_log_prob": IndependentNormal(loc, scale).log_prob(action),
+                "action_log_prob": self.policy.distribution(loc, scale).log_prob(action),
             }
         )
         return td

@@ -92,6 +92,16 @@ SCHEMA_VERSION: int = 1
 METADATA_KEY: str = "microduck"
 """The ONNX ``metadata_props`` key the daemon reads its JSON from."""
 
+HEADING_MEMORY_LAYOUT: dict[str, int] = {
+    "channel": JOINT_NAMES.index("head_yaw"),
+    "previous_action_start": ROBOT_FIELDS["actions"].start,
+    "gyro_index": ROBOT_FIELDS["base_ang_vel"].start + 2,
+    "yaw_command_index": ROBOT_FIELDS["command"].start + 2,
+}
+"""Where a :class:`~waddle.modules.heading_memory.HeadingMemory` of a robot actor reads and writes: the head's
+yaw carries it (the one joint whose target a walking robot can spare), from the previous raw output, the
+gyro's yaw rate and the yaw-rate command of the robot's observation."""
+
 if len(DEFAULT_JOINT_POS) != NUM_JOINTS or ROBOT_OBSERVATION_DIM != 61:
     raise AssertionError("the robot contract is written for the 14-joint MicroDuck and a 61-float observation.")
 
@@ -123,6 +133,7 @@ __all__ = [
     "ACTION_DIM",
     "CONTROL_HZ",
     "DEFAULT_JOINT_POS",
+    "HEADING_MEMORY_LAYOUT",
     "KP_FIRMWARE",
     "METADATA_KEY",
     "ROBOT_FIELDS",
