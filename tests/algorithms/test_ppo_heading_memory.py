@@ -23,7 +23,12 @@ YAW_COMMAND = ROBOT_FIELDS["command"].start + 2
 
 def robot_env(num_envs: int = 8, **options) -> MicroDuckEnv:
     return MicroDuckEnv(
-        tasks=[MicroDuckEnv.joystick_task()], num_envs=num_envs, seed=0, action_mode="robot", action_scale=0.7, **options
+        tasks=[MicroDuckEnv.joystick_task()],
+        num_envs=num_envs,
+        seed=0,
+        action_mode="robot",
+        action_scale=0.7,
+        **options,
     )
 
 

@@ -38,7 +38,9 @@ def test_the_files_head_yaw_is_the_leaky_integral_of_the_unasked_turn(exported):
     (entry,) = [prop for prop in model.metadata_props if prop.key == "microduck"]
     scale = json.loads(entry.value)["action_scale"]
     session = onnxruntime.InferenceSession(str(exported), providers=["CPUExecutionProvider"])
-    env = MicroDuckEnv(tasks=[MicroDuckEnv.joystick_task()], num_envs=4, seed=3, action_mode="robot", action_scale=scale)
+    env = MicroDuckEnv(
+        tasks=[MicroDuckEnv.joystick_task()], num_envs=4, seed=3, action_mode="robot", action_scale=scale
+    )
     td = env.reset()
     decay = math.exp(-CONTROL_DT / TIME_CONSTANT_S)
     moved = 0.0

@@ -68,7 +68,9 @@ class HeadingMemory(nn.Module):
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"HeadingMemory: {name} must be a finite number > 0, got {value!r}.")
         if not time_constant_s > 0:
-            raise ValueError(f"HeadingMemory: time_constant_s must be > 0 (inf: never forget), got {time_constant_s!r}.")
+            raise ValueError(
+                f"HeadingMemory: time_constant_s must be > 0 (inf: never forget), got {time_constant_s!r}."
+            )
         self.channel = int(channel)
         self.previous_index = int(previous_action_start) + self.channel
         self.gyro_index = int(gyro_index)
