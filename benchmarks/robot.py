@@ -74,11 +74,9 @@ def scenario_task(scenario: Scenario):
     task = MicroDuckEnv.joystick_task()
     if scenario.command is not None:
         return fixed_command(task, scenario.command)
-    row = task.clone()
+    row = fixed_command(task, (0.0, 0.0, 0.0))  # no standing, turning or sidestep shares; the box set below
     row.command_low, row.command_high = torch.tensor(JOYSTICK_BOX[0]), torch.tensor(JOYSTICK_BOX[1])
     row.yaw_rate_range = torch.tensor(JOYSTICK_YAW)
-    row.turn_in_place_fraction, row.standing_fraction = torch.tensor(0.0), torch.tensor(0.0)
-    row.sidestep_fraction = torch.tensor(0.0)
     row.command_resample_s = torch.tensor([JOYSTICK_EVERY_S, JOYSTICK_EVERY_S])
     return row
 

@@ -97,19 +97,6 @@ class HeadingMemory(nn.Module):
         mask[self.channel] = True
         return mask
 
-    def settings(self) -> dict[str, float | int]:
-        """The constructor's arguments, to rebuild this memory from a checkpoint."""
-        return {
-            "channel": self.channel,
-            "previous_action_start": self.previous_index - self.channel,
-            "gyro_index": self.gyro_index,
-            "yaw_command_index": self.yaw_command_index,
-            "control_dt": self.control_dt,
-            "action_scale": self.action_scale,
-            "time_constant_s": self.time_constant_s,
-            "limit": self.limit,
-        }
-
     def extra_repr(self) -> str:
         return f"channel={self.channel}, time_constant_s={self.time_constant_s}, limit={self.limit}"
 
