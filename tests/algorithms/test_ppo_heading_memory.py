@@ -1,4 +1,4 @@
-"""PPO with a heading memory on the robot's observation: the head's yaw entry carries the heading error."""
+"""PPO with a heading memory on the robot's observation: the head's roll entry carries the heading error."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from waddle.envs.microduck.robot import ROBOT_FIELDS
 from waddle.envs.microduck.symmetry import MIRRORS
 
 TINY = dict(actor_hidden_sizes=(16,), critic_hidden_sizes=(16,), num_steps=8)
-HEAD_YAW = JOINT_NAMES.index("head_yaw")
+CARRIER = JOINT_NAMES.index("head_roll")
 GYRO_Z = ROBOT_FIELDS["base_ang_vel"].start + 2
-PREVIOUS_HEAD_YAW = ROBOT_FIELDS["actions"].start + HEAD_YAW
+PREVIOUS_CARRIER = ROBOT_FIELDS["actions"].start + CARRIER
 YAW_COMMAND = ROBOT_FIELDS["command"].start + 2
 
 
@@ -43,11 +43,28 @@ def test_the_memory_of_a_standing_robot_told_to_turn_is_its_heading_error():
         observation = td["robot_observation"]
         action = memory.insert(torch.zeros(4, 14), observation)
         td = env.step(td.set("action", action))["next"]
-        torch.testing.assert_close(td["robot_observation"][:, PREVIOUS_HEAD_YAW], action[:, HEAD_YAW])
+        torch.testing.assert_close(td["robot_observation"][:, PREVIOUS_CARRIER], action[:, CARRIER])
     estimate = memory(td["robot_observation"]) * 0.7
     error = td["heading_error"].squeeze(-1)
     assert error.abs().min() > 0.2  # about 0.25 rad behind the command
     torch.testing.assert_close(estimate, -error, atol=0.015, rtol=0)
+    env.close()
+
+
+def test_the_memory_never_sets_a_head_roll_target_past_the_joints_range():
+    """However far the robot turns unasked, the carrier's servo target stays inside the head roll's range
+    as the simulated model declares it: the servo is never driven against its stop."""
+    env = robot_env(2)
+    joint = env.model.joint("head_roll")
+    reach = min(-float(joint.range[0]), float(joint.range[1]))
+    trainer = PPO(env, PPOConfig(actor_observation="robot", heading_memory_s=math.inf, **TINY))
+    observation = torch.zeros(2, 61)
+    observation[:, GYRO_Z] = torch.tensor([5.0, -5.0])  # a fast turn the command did not ask for
+    for _ in range(200):
+        value = trainer.policy.memory(observation)
+        observation[:, PREVIOUS_CARRIER] = value
+    targets = value * env.action_scale
+    assert reach - 1e-3 <= float(targets.abs().min()) <= reach  # saturated, at the range and not past it
     env.close()
 
 
@@ -58,15 +75,15 @@ def test_rollouts_carry_the_memory_unsampled_and_the_update_leaves_its_entry_alo
     before = trainer.policy.log_std.detach().clone()
     batch = trainer.collect()
     observation, action = batch["robot_observation"], batch["action"]
-    torch.testing.assert_close(action[..., HEAD_YAW], trainer.policy.memory(observation), atol=1e-6, rtol=0)
-    torch.testing.assert_close(batch["next", "robot_observation"][..., PREVIOUS_HEAD_YAW], action[..., HEAD_YAW])
-    free = [i for i in range(14) if i != HEAD_YAW]
+    torch.testing.assert_close(action[..., CARRIER], trainer.policy.memory(observation), atol=1e-6, rtol=0)
+    torch.testing.assert_close(batch["next", "robot_observation"][..., PREVIOUS_CARRIER], action[..., CARRIER])
+    free = [i for i in range(14) if i != CARRIER]
     normal = torch.distributions.Normal(batch["loc"][..., free], batch["scale"][..., free])
     torch.testing.assert_close(batch["action_log_prob"], normal.log_prob(action[..., free]).sum(-1))
     stats = trainer.update(batch)
     assert math.isfinite(stats["losses/policy_loss"])
     after = trainer.policy.log_std.detach()
-    assert after[HEAD_YAW] == before[HEAD_YAW]  # nothing to explore there, so no gradient
+    assert after[CARRIER] == before[CARRIER]  # nothing to explore there, so no gradient
     assert (after[free] != before[free]).any()
     env.close()
 
@@ -85,7 +102,7 @@ def test_the_symmetric_policy_with_a_memory_stays_equivariant():
     with torch.no_grad():
         direct, reflected = policy(observation), policy(observe(observation))
     torch.testing.assert_close(reflected, act(direct), atol=1e-6, rtol=0)
-    torch.testing.assert_close(direct[:, HEAD_YAW], trainer.policy.memory(observation).clamp(-1, 1))
+    torch.testing.assert_close(direct[:, CARRIER], trainer.policy.memory(observation))
 
 
 @pytest.mark.parametrize(

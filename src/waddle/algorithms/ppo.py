@@ -166,7 +166,7 @@ class PPOConfig:
     and is trained with a mirror loss (the robot's file), off otherwise."""
     heading_memory_s: float = 0.0
     """Time constant, seconds, of the actor's heading memory (0: none; ``math.inf``: never forgets). With one,
-    an action entry that the env names (``MicroDuckEnv.HEADING_MEMORY``: the head's yaw on the robot
+    an action entry that the env names (``MicroDuckEnv.HEADING_MEMORY``: the head's roll on the robot
     observation) is not sampled but computed from the previous action as a leaky integral of the yaw rate the
     command did not ask for (:class:`~waddle.modules.heading_memory.HeadingMemory`): a feed-forward actor
     that reads its previous output can then see its heading error, which the gyro alone does not show."""
@@ -366,11 +366,15 @@ def heading_memory_of(env: EnvBase, key: str, time_constant_s: float) -> Heading
             f"{type(env).__name__} names one for {sorted(layouts) or 'none'} (HEADING_MEMORY), the actor reads "
             f"{key!r}. Use actor_observation='robot' with MicroDuckEnv, or heading_memory_s=0."
         )
+    layout = dict(layouts[key])
+    action_scale = float(env.action_scale)
+    limit_rad = layout.pop("limit_rad", math.inf)
     return HeadingMemory(
-        **layouts[key],
+        **{name: int(index) for name, index in layout.items()},
         control_dt=float(env.control_dt),
-        action_scale=float(env.action_scale),
+        action_scale=action_scale,
         time_constant_s=float(time_constant_s),
+        limit=min(1.0, limit_rad / action_scale),
     )
 
 

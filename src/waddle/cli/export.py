@@ -265,6 +265,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _export_robot_policy(args: argparse.Namespace, policy: torch.nn.Module, env: Any) -> int:
     """Write the daemon's file for a policy that reads the robot observation, check it, and say so."""
+    from waddle.envs.microduck.constants import JOINT_NAMES
     from waddle.envs.microduck.robot import ACTION_DIM, METADATA_KEY, ROBOT_OBSERVATION_DIM, robot_metadata
 
     if args.sidecar:
@@ -306,7 +307,7 @@ def _export_robot_policy(args: argparse.Namespace, policy: torch.nn.Module, env:
     memory = getattr(getattr(policy, "policy", None), "memory", None)
     if memory is not None:
         print(
-            f"heading memory: action {memory.channel} (head yaw) is the leaky integral of gyro yaw rate minus vyaw "
+            f"heading memory: action {memory.channel} ({JOINT_NAMES[memory.channel]}) is the leaky integral of gyro yaw rate minus vyaw "
             f"over {memory.time_constant_s:g} s, from the previous action (PPOConfig.heading_memory_s)"
         )
     print(f"parity: max |onnx - torch| = {worst:.2e} over {args.samples} random observations")

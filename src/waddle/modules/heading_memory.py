@@ -4,16 +4,17 @@ The robot's daemon runs a stateless graph and feeds it, among its 61 floats,
 the graph's own raw output of the previous tick. That is the only memory a
 deployed MicroDuck policy has, and it is enough for one number: an action
 entry whose new value is computed from its old one. :class:`HeadingMemory`
-makes one entry (the head's yaw) a leaky integral of the turn the robot did
-not ask for,
+makes one entry (on the MicroDuck the head's roll, see
+:data:`~waddle.envs.microduck.robot.HEADING_MEMORY_LAYOUT`) a leaky integral
+of the turn the robot did not ask for,
 
     m[t] = clamp(decay * m[t-1] - (dt / action_scale) * (gyro_z - vyaw_command), -limit, limit)
 
-so that the head yaw target ``action_scale * m`` turns the head back by the
-heading the trunk has drifted off its command: the head keeps looking where
-the robot was told to go, and the network, which reads the previous action
-and the head's encoder, reads its heading error there. A stateless policy that
-only sees the gyro cannot tell a slow drift from the sway of a stride; this one
+so that the carrier joint's target ``action_scale * m`` is minus the heading
+the trunk has drifted off its command, in radians. The network, which reads
+the previous action and the joint's encoder, reads its heading error there.
+A stateless policy that only sees the gyro cannot tell a slow drift from the
+sway of a stride; this one
 can. ``decay = exp(-dt / time_constant_s)`` forgets a heading over seconds, so
 an old command's error does not linger.
 
@@ -39,7 +40,7 @@ class HeadingMemory(nn.Module):
         gyro_index: index in the observation of the yaw rate the gyro reads, rad/s.
         yaw_command_index: index in the observation of the yaw-rate command, rad/s.
         control_dt: seconds per tick.
-        action_scale: radians of target per unit of action, to keep the memory in radians of head yaw.
+        action_scale: radians of target per unit of action, to keep the memory in radians of heading.
         time_constant_s: seconds over which the memory forgets (``decay = exp(-control_dt / time_constant_s)``).
         limit: largest magnitude of the entry, in action units.
 

@@ -179,7 +179,7 @@ class MicroDuckEnv(MujocoEnv):
     MIRRORS: ClassVar[dict[str, SignedPermutation]] = MIRRORS
     """The left-right reflection of ``"observation"``, ``"sensor_observation"`` and ``"action"``
     (see :mod:`~waddle.envs.microduck.symmetry`; PPO's mirror loss reads it)."""
-    HEADING_MEMORY: ClassVar[dict[str, dict[str, int]]] = {"robot_observation": robot_contract.HEADING_MEMORY_LAYOUT}
+    HEADING_MEMORY: ClassVar[dict[str, dict[str, float]]] = {"robot_observation": robot_contract.HEADING_MEMORY_LAYOUT}
     """Where an actor's heading memory lives, per observation it reads (``PPOConfig.heading_memory_s``)."""
     SKIP_QPOS: ClassVar[int] = 0
     COMMAND_THRESHOLD: ClassVar[float] = presets.COMMAND_THRESHOLD
