@@ -90,32 +90,23 @@ def test_the_joystick_recipe_trains_what_the_robot_runs_unless_a_flag_says_other
     done = dataclasses.replace(plan, env_steps=9_000_000)
     assert done.gait_prior_scale == 0.0 and dataclasses.replace(plan, env_steps=3_000_000).gait_prior_scale == 0.5
     assert (plan.algorithm.actor_observation, plan.algorithm.mirror_loss_coef) == ("robot", 0.3)
-    assert plan.algorithm.heading_memory_s == 5.0
-    assert plan.training_env_options()["action_mode"] == "robot"
-    plan = resolve_run(
-        {"task": "joystick", "randomization": "none", "actor_observation": "full", "heading_memory_s": 0.0},
-        machine=TWO_CORES,
-    )
-    assert (plan.run.randomization, plan.algorithm.actor_observation) == ("none", "full")
     assert plan.algorithm.heading_memory_s == 0.0
+    assert plan.training_env_options()["action_mode"] == "robot"
+    plan = resolve_run({"task": "joystick", "randomization": "none", "actor_observation": "full"}, machine=TWO_CORES)
+    assert (plan.run.randomization, plan.algorithm.actor_observation) == ("none", "full")
+    assert resolve_run({"task": "joystick", "heading_memory_s": 5.0}, machine=TWO_CORES).algorithm.heading_memory_s == 5
 
 
 @pytest.mark.parametrize(
-    "task, steps, fade, episode, log_std, entropy, memory_s",
-    [
-        ("getup", 18_000_000, 0, 500, -0.5, 0.01, 0.0),
-        ("joystick-getup", 20_000_000, 6_000_000, 1000, -1.0, 0.0, 5.0),  # the joystick's heading memory
-    ],
+    "task, steps, fade, episode, log_std, entropy",
+    [("getup", 18_000_000, 0, 500, -0.5, 0.01), ("joystick-getup", 20_000_000, 6_000_000, 1000, -1.0, 0.0)],
 )
-def test_the_getup_recipes_train_on_the_robots_contract_and_lie_down(
-    task, steps, fade, episode, log_std, entropy, memory_s
-):
+def test_the_getup_recipes_train_on_the_robots_contract_and_lie_down(task, steps, fade, episode, log_std, entropy):
     plan = resolve_run({"task": task}, machine=TWO_CORES)
     assert (plan.run.randomization, plan.run.action_mode, plan.run.action_scale) == ("upstream", "robot", 1.0)
     assert (plan.run.max_episode_steps, plan.run.total_steps, plan.run.gait_prior_fade_steps) == (episode, steps, fade)
     assert (plan.algorithm.actor_observation, plan.algorithm.mirror_loss_coef) == ("robot", 0.3)
     assert (plan.algorithm.init_log_std, plan.algorithm.entropy_coef) == (log_std, entropy)
-    assert plan.algorithm.heading_memory_s == memory_s
     (row,) = TASK_RECIPES[task].library()
     assert float(row.fall_terminates) == 0.0 and float(row.lying_start_fraction) > 0
 

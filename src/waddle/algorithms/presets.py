@@ -66,26 +66,12 @@ JOYSTICK_ACTION_SCALE = 0.7
 a robot whose config overrides the policy's ``action_scale`` with its default still drives what was trained."""
 
 
-JOYSTICK_HEADING_MEMORY_S = 5.0
-"""Time constant, seconds, of the joystick recipe's heading memory (``PPOConfig.heading_memory_s``): the
-head's roll carries the heading the trunk has drifted off its command over the last seconds. Without one
-the robot's stateless network cannot tell a slow drift from a stride's sway, and its heading wandered
-43-48 degrees (p95) in 20 s of walking straight under the upstream randomization."""
-
-JOYSTICK_ALGORITHMS = {
-    "ppo": {
-        "mirror_loss_coef": 0.3,
-        "actor_observation": "robot",
-        "init_log_std": -1.0,
-        "heading_memory_s": JOYSTICK_HEADING_MEMORY_S,
-    }
-}
+JOYSTICK_ALGORITHMS = {"ppo": {"mirror_loss_coef": 0.3, "actor_observation": "robot", "init_log_std": -1.0}}
 """PPO's fields of the recipes on the robot's contract: the robot's observation, the mirror loss, a narrow
-initial policy, a heading memory."""
+initial policy. No heading memory (``--heading-memory-s 5`` adds one): seed 0 of the recipe with it held its
+heading within 12 degrees, and seed 1 never walked (docs/deploy.md)."""
 
-GETUP_ALGORITHMS = {
-    "ppo": {**JOYSTICK_ALGORITHMS["ppo"], "init_log_std": -0.5, "entropy_coef": 0.01, "heading_memory_s": 0.0}
-}
+GETUP_ALGORITHMS = {"ppo": {**JOYSTICK_ALGORITHMS["ppo"], "init_log_std": -0.5, "entropy_coef": 0.01}}
 """PPO's fields of the getup recipe: the robot's contract as the joystick's, with a wider initial policy and
 an entropy bonus (rsl_rl's 0.01). Without them the first get-up run's action std fell from 0.37 to 0.2 within
 1.6M steps, before any robot had found its feet, and it settled propped half up on its belly."""
