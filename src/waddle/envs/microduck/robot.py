@@ -106,9 +106,10 @@ HEADING_MEMORY_LAYOUT: dict[str, float] = {
 }
 """Where a :class:`~waddle.modules.heading_memory.HeadingMemory` of a robot actor reads and writes: the head's
 roll carries it, from the previous raw output, the gyro's yaw rate and the yaw-rate command of the robot's
-observation. The roll is the one joint a walking robot can spare: it moves no mass across the gait's
-axes and no inertia about yaw. The head's yaw, which carried it first, counter-rotates against the trunk
-at every stride once it holds the heading, and the policy trained with it walked at 40 % of its command."""
+observation. The roll moves no inertia about yaw and hardly shifts the centre of mass. The head's yaw
+carried it first; that policy held its heading but walked at 40 % of its command, and one reading (not
+tested apart) is that a yaw carrier counter-rotates the head against the trunk at every stride
+(docs/deploy.md has both carriers' figures)."""
 
 
 if len(DEFAULT_JOINT_POS) != NUM_JOINTS or ROBOT_OBSERVATION_DIM != 61:
