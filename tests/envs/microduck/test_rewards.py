@@ -50,6 +50,7 @@ BUILT_IN_TERMS = {
     "termination": (-4.0, False),
     "stride_yaw_rate": (0.0, True),
     "getup": (0.0, True),
+    "target_past_range": (0.0, True),
 }
 
 BUILT_IN_PARAMS = {

@@ -585,8 +585,9 @@ class MicroDuckEnv(MujocoEnv):
         steps = (cycles / (self.gait.frequency * self.control_dt)).round().clamp_min(1.0)
         self._window_steps = torch.where(cycles > 0, steps, torch.zeros_like(steps)).long()
 
-    def gait_prior(self) -> torch.Tensor:
-        """The ``(num_envs, 14)`` actuator-target offset the task's gait prior adds this step.
+    def gait_prior(self, step_count: torch.Tensor | None = None) -> torch.Tensor:
+        """The ``(num_envs, 14)`` actuator-target offset the task's gait prior adds this step (or at tick
+        ``step_count``, per env).
 
         An open-loop stepping pattern on the gait clock that the policy's action
         corrects (a residual policy), :meth:`GaitClock.prior
@@ -594,7 +595,8 @@ class MicroDuckEnv(MujocoEnv):
         The phase and command are in the observation, so the policy sees
         everything the prior depends on.
         """
-        return self.gait.prior(self._episode_task, self.commands.command, self._step_count, self.gait_prior_scale)
+        steps = self._step_count if step_count is None else step_count
+        return self.gait.prior(self._episode_task, self.commands.command, steps, self.gait_prior_scale)
 
     def _read_state(self, qpos: torch.Tensor, qvel: torch.Tensor) -> dict[str, torch.Tensor]:
         """What the observation, the sensors, the reward features and the diagnostics share, computed once."""
@@ -814,15 +816,9 @@ class MicroDuckEnv(MujocoEnv):
 
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
         action = self._checked_action(tensordict["action"])
-        if self.action_mode == "robot":
-            clipped = action
-            target = self._home_ctrl + self.action_scale * action
-            if self.adds_gait_prior:
-                target = target + self.gait_prior()
-        else:
-            clipped = action.clamp(-1.0, 1.0)
-            target = self._home_ctrl + self.gait_prior() + self.action_scale * clipped
-        target = target.clamp(self._target_low, self._target_high)
+        clipped = action if self.action_mode == "robot" else action.clamp(-1.0, 1.0)
+        asked = self._asked_target(clipped, self._step_count)
+        target = asked.clamp(self._target_low, self._target_high)
         if self._action_line is not None:
             target = self._action_line.push(target)
         if self.randomization.active:
@@ -845,7 +841,7 @@ class MicroDuckEnv(MujocoEnv):
         state = self._read_state(qpos, qvel)
         self.commands.turn()
         self.tracking.advance(state, self._window_steps, self._step_count)
-        features = self._reward_features(state, clipped)
+        features = self._reward_features(state, clipped, asked)
         features["fallen"] = features["fallen"] | nonfinite
         features.update(rewards.derived_features(features))
         weighted = rewards.weighted_terms(
@@ -911,10 +907,25 @@ class MicroDuckEnv(MujocoEnv):
         :func:`waddle.envs.microduck.rewards.register_reward` for the entries.
         """
         qpos, qvel = state["qpos"].to(self.dtype), state["qvel"].to(self.dtype)
-        return self._reward_features(self._read_state(qpos, qvel), action)
+        action = action.to(self.dtype)
+        # The step that led to ``state`` added the prior of the tick before the count moved on.
+        asked = self._asked_target(action, (self._step_count - 1).clamp_min(0))
+        return self._reward_features(self._read_state(qpos, qvel), action, asked)
 
-    def _reward_features(self, state: dict[str, torch.Tensor], action: torch.Tensor) -> dict[str, torch.Tensor]:
+    def _asked_target(self, action: torch.Tensor, step_count: torch.Tensor) -> torch.Tensor:
+        """The servo targets ``action`` asks for at tick ``step_count``, before they stop at the joints' ranges."""
+        target = self._home_ctrl + self.action_scale * action
+        if self.action_mode != "robot" or self.adds_gait_prior:
+            target = target + self.gait_prior(step_count)
+        return target
+
+    def _reward_features(
+        self, state: dict[str, torch.Tensor], action: torch.Tensor, asked_target: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
         qvel = state["qvel"]
+        past_range = (asked_target - self._target_high).clamp_min(0.0) + (self._target_low - asked_target).clamp_min(
+            0.0
+        )
         return {
             "body_velocity": state["body_velocity"],
             "angular_velocity": qvel[:, 3:6],
@@ -924,6 +935,7 @@ class MicroDuckEnv(MujocoEnv):
             "joint_error": state["joint_error"],
             "joint_velocity": qvel[:, 6:],
             "action": action.to(self.dtype),
+            "target_past_range": past_range,
             "previous_action": self._previous_action,
             "contacts": self._contacts,
             "foot_heights": self._foot_heights,

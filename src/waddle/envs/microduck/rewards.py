@@ -19,6 +19,8 @@ key                       shape       meaning
 ``joint_error``           ``(N, 14)`` joint positions minus the standing pose
 ``joint_velocity``        ``(N, 14)`` joint velocities
 ``action``                ``(N, 14)`` normalized action of this step
+``target_past_range``     ``(N, 14)`` radians by which the servo target this action asks for lies
+                                      past its joint's range (0 within it; optional)
 ``previous_action``       ``(N, 14)`` normalized action of the previous step
 ``contacts``              ``(N, 2)``  bool, left and right foot on the floor
 ``foot_heights``          ``(N, 2)``  left and right foot height
@@ -686,3 +688,15 @@ def getup(features: Features, params: Features) -> torch.Tensor:
     lying = params["getup_lying_height"]
     height = (features["base_height"] - lying) / (features["standing_height"] - lying)
     return upright.square() * height.clamp(0.0, 1.0)
+
+
+@register_reward("target_past_range", weight=0.0)
+def target_past_range(features: Features, params: Features) -> torch.Tensor:
+    """Radians, summed over the joints, by which the servo targets lie past the joints' ranges.
+
+    A servo stops at its range whatever it is told, so a target past it moves nothing more; what it does
+    is keep the servo pressing on its stop. Isaac Lab's velocity tasks cost the same thing on the joint
+    positions (``joint_pos_limits``); here it is the target, the one thing the policy sets.
+    """
+    value = features.get("target_past_range", None)
+    return features["upright"].new_zeros(features["upright"].shape) if value is None else value.sum(-1)

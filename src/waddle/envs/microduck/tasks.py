@@ -517,14 +517,16 @@ JOYSTICK_REWARD_WEIGHTS: dict[str, float] = {
     "stride_yaw_rate": 2.0,
     "heading_hold": 2.0,
     "pose": 0.5,
+    "target_past_range": -1.0,
 }
 """Weights the joystick preset sets over the registered defaults. The clock-free stepping terms pay for
 steps while the twist asks to move, by how much of the twist the robot does (``step_air_time``,
 ``single_support``, ``swing_lift``); the clock's own terms (``phase_contact``, ``swing_height``) pay for
 stepping in time with the clock, the beat the joystick recipe's fading gait prior lifts the legs to;
 the yaw rate is tracked at each step and over a stride (``stride_yaw_rate``: its narrow kernel sees the
-slow turn that makes a straight walk drift), and ``heading_hold`` keeps the heading the yaw command
-integrates to."""
+slow turn that makes a straight walk drift), ``heading_hold`` keeps the heading the yaw command
+integrates to, and ``target_past_range`` costs servo targets past the joints' ranges (without it, a walking
+file held its hip rolls' targets past their stops in two ticks of three)."""
 
 
 def joystick_task(
