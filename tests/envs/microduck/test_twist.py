@@ -10,6 +10,7 @@ import torch
 from tensordict import TensorDict
 
 from waddle.envs.microduck import MicroDuckEnv
+from waddle.envs.microduck.constants import JOINT_NAMES
 from waddle.envs.microduck.rewards import step_air_time, yaw_rate
 from waddle.envs.microduck.robot import DEFAULT_JOINT_POS
 from waddle.envs.microduck.tasks import WALKING_PRIOR
@@ -279,3 +280,28 @@ def test_step_air_time_pays_landings_by_how_much_of_the_twist_is_done():
     torch.testing.assert_close(step_air_time(turning, PARAMS), torch.tensor([0.075]))
     # Under a standing twist a landing pays nothing: stepping in place is not the standing optimum.
     assert step_air_time(features(touchdown_air_time=landing), PARAMS).item() == 0.0
+
+
+def test_a_target_past_a_joints_range_is_costed_by_the_radians_it_overreaches():
+    """The servo stops at the range the compiled model declares; the joystick recipe's cost pays for what the
+    action asked past it, per radian and per second, and nothing for a target inside it."""
+    env = MicroDuckEnv(
+        tasks=[MicroDuckEnv.joystick_task()],
+        num_envs=3,
+        seed=0,
+        action_mode="robot",
+        action_scale=0.7,
+        diagnostics=True,
+    )
+    hip, knee = JOINT_NAMES.index("left_hip_roll"), JOINT_NAMES.index("right_knee")
+    hip_low, hip_high = (float(x) for x in env.model.joint("left_hip_roll").range)
+    knee_low = float(env.model.joint("right_knee").range[0])
+    action = torch.zeros(3, 14)
+    action[0, hip] = (hip_high + 0.3 - DEFAULT_JOINT_POS[hip]) / 0.7  # 0.3 rad past the top
+    action[1, knee] = (knee_low - 0.2 - DEFAULT_JOINT_POS[knee]) / 0.7  # 0.2 rad under the bottom
+    action[2, hip] = (0.5 * (hip_low + hip_high) - DEFAULT_JOINT_POS[hip]) / 0.7  # inside: free
+    td = env.reset(pinned(3, (0.0, 0.0), 0.0))
+    td = env.step(td.set("action", action))["next"]
+    cost = td["diagnostic_reward_target_past_range"].squeeze(-1)
+    torch.testing.assert_close(cost, torch.tensor([-0.3, -0.2, 0.0]) * 0.02, atol=1e-6, rtol=0)
+    env.close()
