@@ -149,6 +149,12 @@ def test_the_tables_are_read_only():
         ({"algo": "sac"}, "unknown algorithm 'sac'; choose one of ppo, shac, apg"),
         ({"horizon": 8}, r"--horizon do\(es\) not apply to --algo ppo"),
         ({"num_envs": 0}, "num_envs must be an integer >= 1, got 0"),
+        (
+            {"reward_weights": {"sway": -1.0}},
+            r"reward_weights names unregistered terms \['sway'\]; the terms: tracking",
+        ),
+        ({"reward_weights": {"pose": float("nan")}}, r"reward_weights\['pose'\] must be a finite number, got nan"),
+        ({"reward_weights": ["pose"]}, "reward_weights must map term names to weights"),
     ],
 )
 def test_a_bad_flag_is_refused_naming_it(flags, message):
@@ -307,6 +313,26 @@ def test_a_plan_reads_back_from_its_checkpoint():
     assert (back.run, back.algorithm, back.collectors) == (plan.run, plan.algorithm, plan.collectors)
     assert (back.cores, back.update_threads) == (2, 2)
     assert back.config() == plan.config()
+
+
+def test_reward_weights_reach_every_env_the_policy_runs_in_and_read_back():
+    """The flag's weights are a run field: the training env, an evaluation and a resumed run get them, and over
+    the task's own weights they change only the terms named."""
+    from waddle.algorithms.presets import make_env
+    from waddle.envs.microduck.rewards import REWARD_TERMS
+    from waddle.envs.microduck.tasks import JOYSTICK_REWARD_WEIGHTS
+
+    plan = resolve_run({"task": "joystick", "reward_weights": {"pose": 0.0, "upright": 3.0}}, machine=TWO_CORES)
+    assert plan.policy_env_options["reward_weights"] == {"pose": 0.0, "upright": 3.0}
+    assert plan.training_env_options()["reward_weights"] == {"pose": 0.0, "upright": 3.0}
+    assert RunPlan.from_checkpoint(checkpoint_of(plan)).run.reward_weights == {"pose": 0.0, "upright": 3.0}
+    env = make_env("joystick", num_envs=2, seed=0, reward_weights=plan.run.reward_weights)
+    names = list(REWARD_TERMS)
+    weights = dict(zip(names, env.tasks[0].reward_weights.tolist(), strict=True))
+    assert (weights["pose"], weights["upright"]) == (0.0, 3.0)
+    assert JOYSTICK_REWARD_WEIGHTS["pose"] == 0.5  # so the pose weight above was changed, not kept
+    assert weights["heading_hold"] == JOYSTICK_REWARD_WEIGHTS["heading_hold"]  # a term not named keeps the task's
+    env.close()
 
 
 def test_an_old_checkpoint_reads_back_with_what_it_trained_with():

@@ -324,6 +324,17 @@ def test_every_config_field_has_a_documented_flag():
             assert flag in helps and docs[field.name] in helps[flag].replace("%%", "%"), flag
 
 
+def test_reward_weights_are_name_value_pairs_and_a_malformed_one_is_refused(tmp_path, capsys):
+    from waddle.cli.main import build_parser
+
+    args = build_parser().parse_args(["train", "--reward-weights", "target_past_range=-1", "pose=0.25", "pose=0"])
+    assert args.reward_weights == {"target_past_range": -1.0, "pose": 0.0}  # the last value of a name wins
+    for bad in ("pose", "pose=", "=1", "pose=high"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["train", "--reward-weights", bad])
+        assert f"--reward-weights: {bad!r} is not NAME=X" in capsys.readouterr().err
+
+
 def resolve_new_run(tmp_path, *flags):
     """What ``resolve_config`` makes of ``waddle train --out <tmp_path>/run FLAGS``: the config and checkpoint."""
     from waddle.cli.main import build_parser

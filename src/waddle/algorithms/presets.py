@@ -30,6 +30,7 @@ from waddle.collectors.rollout import split_envs
 from waddle.envs.microduck import MicroDuckEnv, MicroDuckTask
 from waddle.envs.microduck.randomization import PRESETS as RANDOMIZATION_PRESETS
 from waddle.envs.microduck.randomization import MicroDuckRandomization
+from waddle.envs.microduck.rewards import REWARD_TERMS
 from waddle.envs.microduck.tasks import SPEED_RANGE_PRIOR, WALKING_PRIOR
 from waddle.physics import BACKENDS as PHYSICS_BACKENDS
 from waddle.physics import backend_class, differentiable_backends
@@ -281,6 +282,7 @@ def make_env(
     device: torch.device | str = "cpu",
     command: tuple[float, ...] | None = None,
     reference_starts: bool = True,
+    reward_weights: Mapping[str, float] | None = None,
     **kwargs: Any,
 ) -> MicroDuckEnv:
     """The MicroDuck env of ``--task`` ``task`` on ``backend``.
@@ -301,6 +303,8 @@ def make_env(
         reference_starts: ``False`` sets every task's ``reference_start_fraction``
             to 0, so every episode that starts on the floor starts with a drop
             (``waddle eval``: a get-up is judged from the floor, not from half-way up).
+        reward_weights: term name -> weight, over every task row's own weights
+            (``waddle train --reward-weights``; see :func:`reweighted`).
         **kwargs: forwarded to :class:`MicroDuckEnv` (``randomization``: a name of
             :data:`RANDOMIZATIONS`, or anything that class takes).
     """
@@ -322,6 +326,8 @@ def make_env(
         tasks = [fixed_command(row, command) for row in tasks]
     if not reference_starts:
         tasks = [without_reference_starts(row) for row in tasks]
+    if reward_weights:
+        tasks = [reweighted(row, reward_weights) for row in tasks]
     return MicroDuckEnv(tasks=tasks, num_envs=num_envs, seed=seed, backend=backend, device=device, **kwargs)
 
 
@@ -352,6 +358,30 @@ def fixed_command(task: MicroDuckTask, command: tuple[float, ...]) -> MicroDuckT
     row.standing_fraction = torch.tensor(0.0)
     row.command_resample_s = torch.tensor([0.0, 0.0])
     return row
+
+
+def reweighted(task: MicroDuckTask, weights: Mapping[str, float]) -> MicroDuckTask:
+    """A copy of ``task`` whose reward terms named in ``weights`` take those weights; the others keep the task's.
+
+    Raises:
+        ValueError: a name is not a registered term (naming those there are), or a weight is not a finite number.
+    """
+    check_reward_weights(weights)
+    row = task.clone()
+    names = list(REWARD_TERMS)
+    for name, value in weights.items():
+        row.reward_weights[names.index(name)] = float(value)
+    return row
+
+
+def check_reward_weights(weights: Mapping[str, float]) -> None:
+    """Raise a ValueError unless ``weights`` maps registered reward terms to finite numbers."""
+    unknown = sorted(set(weights) - set(REWARD_TERMS))
+    if unknown:
+        raise ValueError(f"reward_weights names unregistered terms {unknown}; the terms: {', '.join(REWARD_TERMS)}.")
+    for name, value in weights.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"reward_weights[{name!r}] must be a finite number, got {value!r}.")
 
 
 COLLECTOR_SEED_STRIDE = 1_000_003
@@ -464,6 +494,7 @@ ADDED_RUN_FIELDS: dict[str, Any] = {
     "ray_address": "",
     "action_mode": "residual",
     "gait_prior_fade_steps": 0,
+    "reward_weights": {},
 }
 """Run-config (``TrainConfig``) fields added since checkpoints were first written -> the value
 a checkpoint without the field was trained with (no field: no randomization)."""
@@ -535,7 +566,7 @@ def upgrade_run_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
     """
     upgraded = dict(fields)
     for name, value in ADDED_RUN_FIELDS.items():
-        upgraded.setdefault(name, value)
+        upgraded.setdefault(name, dict(value) if isinstance(value, dict) else value)
     return upgraded
 
 

@@ -158,11 +158,14 @@ class RunPlan:
 
     @property
     def policy_env_options(self) -> dict[str, Any]:
-        """The MicroDuckEnv options (:data:`POLICY_ENV_FIELDS`) every env the policy runs in takes, and
-        for a run whose gait prior fades, the share of it left after ``env_steps``."""
+        """The MicroDuckEnv options (:data:`POLICY_ENV_FIELDS`) every env the policy runs in takes; for a
+        run whose gait prior fades, the share of it left after ``env_steps``; and the run's reward weights, so
+        that an evaluation's returns are the training's."""
         options = {name: getattr(self.run, name) for name in POLICY_ENV_FIELDS}
         if self.run.gait_prior_fade_steps > 0:
             options["gait_prior_scale"] = self.gait_prior_scale
+        if self.run.reward_weights:
+            options["reward_weights"] = dict(self.run.reward_weights)
         return options
 
     def training_env_options(self) -> dict[str, Any]:

@@ -39,7 +39,7 @@ from torchrl.record.loggers import Logger
 
 from waddle.algorithms.checkpoint import atomic_write, save_checkpoint
 from waddle.algorithms.loggers import LOGGERS
-from waddle.algorithms.presets import RANDOMIZATIONS, training_randomization
+from waddle.algorithms.presets import RANDOMIZATIONS, check_reward_weights, training_randomization
 from waddle.algorithms.trainer import Trainer
 from waddle.collectors.rollout import COLLECTOR_BACKENDS, CollectorDiedError, split_envs
 from waddle.envs.microduck import MicroDuckEnv
@@ -93,6 +93,9 @@ class TrainConfig:
     """Env steps over which the training env's gait prior fades to nothing (0: it stays as the task sets it).
     A policy that reads no gait clock learns to step on the prior and takes the stepping over as it fades;
     after that many steps the env adds nothing, as the robot adds nothing."""
+    reward_weights: dict[str, float] = field(default_factory=dict)
+    """Reward term -> weight, over the task's own weights in every env the run builds ('--reward-weights
+    target_past_range=-1 pose=1'; the terms are waddle.envs.microduck.rewards.REWARD_TERMS)."""
     max_episode_steps: int = 500
     """Control steps after which a training episode is cut (truncated, its value bootstrapped): 500 = 10 s at
     50 Hz (--algo shac: 128 unless given). A policy never sees a state later than this in training; 'waddle eval'
@@ -145,6 +148,9 @@ class TrainConfig:
             raise ValueError(
                 f"action_scale must be a finite number > 0 (rad per unit of action), got {self.action_scale!r}."
             )
+        if not isinstance(self.reward_weights, Mapping):
+            raise ValueError(f"reward_weights must map term names to weights, got {self.reward_weights!r}.")
+        check_reward_weights(self.reward_weights)
         if self.randomization not in RANDOMIZATIONS:
             raise ValueError(f"randomization must be one of {', '.join(RANDOMIZATIONS)}; got {self.randomization!r}.")
         if self.action_mode not in ACTION_MODES:

@@ -144,6 +144,8 @@ def _flag_kwargs(annotation: str) -> dict[str, Any]:
         return {"type": int, "metavar": "N"}
     if annotation == "float":
         return {"type": float, "metavar": "X"}
+    if annotation == "dict[str,float]":
+        return {"nargs": "+", "action": _NameValues, "metavar": "NAME=X"}
     if annotation.startswith("tuple[") and annotation.endswith(",...]"):
         item = int if annotation[6:-5] == "int" else float
         return {"type": item, "nargs": "*", "metavar": "N" if item is int else "X"}
@@ -152,6 +154,22 @@ def _flag_kwargs(annotation: str) -> dict[str, Any]:
         item = int if items[0] == "int" else float
         return {"type": item, "nargs": len(items), "metavar": "N" if item is int else "X"}
     return {"type": str}
+
+
+class _NameValues(argparse.Action):
+    """``NAME=X [NAME=X ...]`` -> ``{NAME: float(X)}`` (a name given twice keeps its last value)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):  # noqa: ANN001 (argparse's signature)
+        pairs = {}
+        for item in values:
+            name, sep, value = item.partition("=")
+            try:
+                pairs[name] = float(value) if sep and name else None
+            except ValueError:
+                pairs[name] = None
+            if pairs[name] is None:
+                parser.error(f"{option_string}: {item!r} is not NAME=X with X a number (e.g. target_past_range=-1).")
+        setattr(namespace, self.dest, pairs)
 
 
 def _flag(name: str) -> str:
