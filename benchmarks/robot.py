@@ -102,6 +102,8 @@ def drive(policy_path: Path, scenario: Scenario, *, episodes: int, steps: int, s
     )
     if env.default_joint_pos != tuple(spec.default_joint_pos.tolist()):
         raise SystemExit(f"{policy_path}: its default_joint_pos is not the env's robot pose")
+    reach_low, reach_high = env.action_spec.space.low, env.action_spec.space.high  # the servos' ranges, in actions
+    past_range = torch.zeros(episodes)
     td = env.reset()
     alive = torch.ones(episodes, dtype=torch.bool)
     heading = env.heading().double()
@@ -109,7 +111,9 @@ def drive(policy_path: Path, scenario: Scenario, *, episodes: int, steps: int, s
     velocity_sum = torch.zeros(episodes, 2, dtype=torch.float64)
     lengths = torch.zeros(episodes)
     for _ in range(steps):
-        td = env.step(td.set("action", act(policy, td)))["next"]
+        action = act(policy, td)
+        past_range += torch.where(alive, ((action < reach_low) | (action > reach_high)).float().mean(-1), 0.0)
+        td = env.step(td.set("action", action))["next"]
         done = td["done"].reshape(-1)
         terminated = td["terminated"].reshape(-1)
         new_heading = env.heading().double()
@@ -134,6 +138,8 @@ def drive(policy_path: Path, scenario: Scenario, *, episodes: int, steps: int, s
         "vy_mps": float(mean[:, 1].mean()) if mean is not None else nan,
         "yaw_rate_radps": float((turned[survived] / seconds).mean()) if survived.any() else nan,
         "drift_p95_deg": float(torch.quantile(torch.rad2deg(turned[survived].abs()), 0.95)) if survived.any() else nan,
+        # Share of the servo targets the file asked past their joints' ranges, over the ticks until a robot fell.
+        "past_range_%": 100.0 * float(past_range.sum() / (lengths.sum() + (~alive).sum()).clamp_min(1)),
     }
 
 
@@ -201,7 +207,16 @@ def main(argv: list[str] | None = None) -> int:
             + ("" if math.isnan(minutes) else f" in {minutes:.1f} min")
             + f", action scale {meta.action_scale}, {args.episodes} episodes of {args.steps * 0.02:.0f} s per row"
         )
-        columns = ["scenario", "survival_%", "vx_mps", "vy_mps", "yaw_rate_radps", "drift_p95_deg", "target"]
+        columns = [
+            "scenario",
+            "survival_%",
+            "vx_mps",
+            "vy_mps",
+            "yaw_rate_radps",
+            "drift_p95_deg",
+            "past_range_%",
+            "target",
+        ]
         print_table(title, rows, columns)
         with open(run / "robot_benchmark.json", "w") as file:
             json.dump({"title": title, "rows": rows}, file, indent=1)
