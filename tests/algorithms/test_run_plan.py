@@ -90,11 +90,11 @@ def test_the_joystick_recipe_trains_what_the_robot_runs_unless_a_flag_says_other
     done = dataclasses.replace(plan, env_steps=9_000_000)
     assert done.gait_prior_scale == 0.0 and dataclasses.replace(plan, env_steps=3_000_000).gait_prior_scale == 0.5
     assert (plan.algorithm.actor_observation, plan.algorithm.mirror_loss_coef) == ("robot", 0.3)
-    assert plan.algorithm.heading_memory_s == 0.0
+    assert plan.algorithm.heading_memory_s == 5.0  # the heading memory on the head's roll
     assert plan.training_env_options()["action_mode"] == "robot"
     plan = resolve_run({"task": "joystick", "randomization": "none", "actor_observation": "full"}, machine=TWO_CORES)
     assert (plan.run.randomization, plan.algorithm.actor_observation) == ("none", "full")
-    assert resolve_run({"task": "joystick", "heading_memory_s": 5.0}, machine=TWO_CORES).algorithm.heading_memory_s == 5
+    assert resolve_run({"task": "joystick", "heading_memory_s": 0.0}, machine=TWO_CORES).algorithm.heading_memory_s == 0
 
 
 @pytest.mark.parametrize(
@@ -107,6 +107,7 @@ def test_the_getup_recipes_train_on_the_robots_contract_and_lie_down(task, steps
     assert (plan.run.max_episode_steps, plan.run.total_steps, plan.run.gait_prior_fade_steps) == (episode, steps, fade)
     assert (plan.algorithm.actor_observation, plan.algorithm.mirror_loss_coef) == ("robot", 0.3)
     assert (plan.algorithm.init_log_std, plan.algorithm.entropy_coef) == (log_std, entropy)
+    assert plan.algorithm.heading_memory_s == 0.0  # measured without one (docs/deploy.md)
     (row,) = TASK_RECIPES[task].library()
     assert float(row.fall_terminates) == 0.0 and float(row.lying_start_fraction) > 0
 
