@@ -923,9 +923,7 @@ class MicroDuckEnv(MujocoEnv):
         self, state: dict[str, torch.Tensor], action: torch.Tensor, asked_target: torch.Tensor
     ) -> dict[str, torch.Tensor]:
         qvel = state["qvel"]
-        past_range = (asked_target - self._target_high).clamp_min(0.0) + (self._target_low - asked_target).clamp_min(
-            0.0
-        )
+        past_range = (asked_target - asked_target.clamp(self._target_low, self._target_high)).abs()
         return {
             "body_velocity": state["body_velocity"],
             "angular_velocity": qvel[:, 3:6],
