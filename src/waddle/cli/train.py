@@ -162,12 +162,12 @@ class _NameValues(argparse.Action):
     def __call__(self, parser, namespace, values, option_string=None):  # noqa: ANN001 (argparse's signature)
         pairs = {}
         for item in values:
-            name, sep, value = item.partition("=")
+            name, _, value = item.partition("=")
             try:
-                pairs[name] = float(value) if sep and name else None
+                if not name:
+                    raise ValueError(name)
+                pairs[name] = float(value)
             except ValueError:
-                pairs[name] = None
-            if pairs[name] is None:
                 parser.error(f"{option_string}: {item!r} is not NAME=X with X a number (e.g. target_past_range=-1).")
         setattr(namespace, self.dest, pairs)
 

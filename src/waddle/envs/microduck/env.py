@@ -817,8 +817,7 @@ class MicroDuckEnv(MujocoEnv):
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
         action = self._checked_action(tensordict["action"])
         clipped = action if self.action_mode == "robot" else action.clamp(-1.0, 1.0)
-        asked = self._asked_target(clipped, self._step_count)
-        target = asked.clamp(self._target_low, self._target_high)
+        target, past_range = self._servo_targets(clipped, self._step_count)
         if self._action_line is not None:
             target = self._action_line.push(target)
         if self.randomization.active:
@@ -841,7 +840,7 @@ class MicroDuckEnv(MujocoEnv):
         state = self._read_state(qpos, qvel)
         self.commands.turn()
         self.tracking.advance(state, self._window_steps, self._step_count)
-        features = self._reward_features(state, clipped, asked)
+        features = self._reward_features(state, clipped, past_range)
         features["fallen"] = features["fallen"] | nonfinite
         features.update(rewards.derived_features(features))
         weighted = rewards.weighted_terms(
@@ -909,21 +908,22 @@ class MicroDuckEnv(MujocoEnv):
         qpos, qvel = state["qpos"].to(self.dtype), state["qvel"].to(self.dtype)
         action = action.to(self.dtype)
         # The step that led to ``state`` added the prior of the tick before the count moved on.
-        asked = self._asked_target(action, (self._step_count - 1).clamp_min(0))
-        return self._reward_features(self._read_state(qpos, qvel), action, asked)
+        _, past_range = self._servo_targets(action, (self._step_count - 1).clamp_min(0))
+        return self._reward_features(self._read_state(qpos, qvel), action, past_range)
 
-    def _asked_target(self, action: torch.Tensor, step_count: torch.Tensor) -> torch.Tensor:
-        """The servo targets ``action`` asks for at tick ``step_count``, before they stop at the joints' ranges."""
-        target = self._home_ctrl + self.action_scale * action
+    def _servo_targets(self, action: torch.Tensor, step_count: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The servo targets ``action`` sets at tick ``step_count``, stopped at the joints' ranges, and the
+        radians by which the asked targets lay past those ranges (0 within them)."""
+        asked = self._home_ctrl + self.action_scale * action
         if self.action_mode != "robot" or self.adds_gait_prior:
-            target = target + self.gait_prior(step_count)
-        return target
+            asked = asked + self.gait_prior(step_count)
+        target = asked.clamp(self._target_low, self._target_high)
+        return target, (asked - target).abs()
 
     def _reward_features(
-        self, state: dict[str, torch.Tensor], action: torch.Tensor, asked_target: torch.Tensor
+        self, state: dict[str, torch.Tensor], action: torch.Tensor, target_past_range: torch.Tensor
     ) -> dict[str, torch.Tensor]:
         qvel = state["qvel"]
-        past_range = (asked_target - asked_target.clamp(self._target_low, self._target_high)).abs()
         return {
             "body_velocity": state["body_velocity"],
             "angular_velocity": qvel[:, 3:6],
@@ -933,7 +933,7 @@ class MicroDuckEnv(MujocoEnv):
             "joint_error": state["joint_error"],
             "joint_velocity": qvel[:, 6:],
             "action": action.to(self.dtype),
-            "target_past_range": past_range,
+            "target_past_range": target_past_range,
             "previous_action": self._previous_action,
             "contacts": self._contacts,
             "foot_heights": self._foot_heights,
