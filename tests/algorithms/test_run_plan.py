@@ -84,7 +84,7 @@ def test_a_flag_wins_over_the_recipe(recipe_task):
 def test_the_joystick_recipe_trains_what_the_robot_runs_unless_a_flag_says_otherwise():
     plan = resolve_run({"task": "joystick"}, machine=TWO_CORES)
     assert (plan.run.randomization, plan.run.action_mode, plan.run.action_scale) == ("upstream", "robot", 0.7)
-    assert (plan.run.max_episode_steps, plan.run.total_steps) == (1000, 12_000_000)
+    assert (plan.run.max_episode_steps, plan.run.total_steps) == (1000, 14_000_000)
     assert plan.run.gait_prior_fade_steps == 6_000_000 and plan.policy_env_options["gait_prior_scale"] == 1.0
     # A checkpoint past the fade evaluates, exports and films with none of the prior left.
     done = dataclasses.replace(plan, env_steps=9_000_000)

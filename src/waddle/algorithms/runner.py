@@ -39,10 +39,11 @@ from torchrl.record.loggers import Logger
 
 from waddle.algorithms.checkpoint import atomic_write, save_checkpoint
 from waddle.algorithms.loggers import LOGGERS
-from waddle.algorithms.presets import RANDOMIZATIONS, check_reward_weights, training_randomization
+from waddle.algorithms.presets import RANDOMIZATIONS, training_randomization
 from waddle.algorithms.trainer import Trainer
 from waddle.collectors.rollout import COLLECTOR_BACKENDS, CollectorDiedError, split_envs
 from waddle.envs.microduck import MicroDuckEnv
+from waddle.envs.microduck.rewards import check_weights
 
 ACTION_MODES: tuple[str, ...] = MicroDuckEnv.ACTION_MODES
 
@@ -150,7 +151,7 @@ class TrainConfig:
             )
         if not isinstance(self.reward_weights, Mapping):
             raise ValueError(f"reward_weights must map term names to weights, got {self.reward_weights!r}.")
-        check_reward_weights(self.reward_weights)
+        check_weights(self.reward_weights)
         if self.randomization not in RANDOMIZATIONS:
             raise ValueError(f"randomization must be one of {', '.join(RANDOMIZATIONS)}; got {self.randomization!r}.")
         if self.action_mode not in ACTION_MODES:

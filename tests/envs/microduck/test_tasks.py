@@ -211,8 +211,19 @@ def test_make_task_unknown_override_names_the_accepted_ones():
 
 
 def test_make_task_unknown_reward_weight_names_the_registered_terms():
-    with pytest.raises(ValueError, match=r"unregistered terms \['heading'\].*'tracking'"):
+    with pytest.raises(
+        ValueError,
+        match=r"make_task\('tracking\+0\.20'\): reward_weights names unregistered terms \['heading'\]; the terms: tracking",
+    ):
         tracking_task(0.2, reward_weights={"heading": 1.0})
+
+
+@pytest.mark.parametrize("weight", [float("inf"), True, "1"])
+def test_make_task_refuses_a_reward_weight_that_is_not_a_finite_number(weight):
+    with pytest.raises(
+        ValueError, match=r"make_task\('tracking\+0\.20'\): reward_weights\['pose'\] must be a finite number"
+    ):
+        tracking_task(0.2, reward_weights={"pose": weight})
 
 
 @pytest.mark.parametrize(
@@ -231,7 +242,7 @@ def test_make_task_unknown_reward_weight_names_the_registered_terms():
         ({"pose_std": float("nan")}, r"params\['pose_std'\] must be finite"),
         ({"progress_off_axis_std": -0.1}, r"params\['progress_off_axis_std'\] must be >= 0 \(0: off\)"),
         ({"tracking_relative_std": -0.25}, r"params\['tracking_relative_std'\] must be >= 0"),
-        ({"reward_weights": {"pose": float("nan")}}, "reward_weights must be finite"),
+        ({"reward_weights": {"pose": float("nan")}}, r"reward_weights\['pose'\] must be a finite number, got nan"),
         ({"name": ""}, "name must be a non-empty string"),
     ],
 )

@@ -279,6 +279,24 @@ def default_weights() -> dict[str, float]:
     return {name: term.weight for name, term in REWARD_TERMS.items()}
 
 
+def check_weights(weights: Mapping[str, object], owner: str = "reward_weights") -> None:
+    """Raise a ValueError, naming ``owner``, unless ``weights`` maps registered terms to finite numbers.
+
+    Example:
+        >>> check_weights({"tracking": 2.0})
+        >>> check_weights({"pose": float("nan")})
+        Traceback (most recent call last):
+        ...
+        ValueError: reward_weights['pose'] must be a finite number, got nan.
+    """
+    unknown = sorted(set(weights) - set(REWARD_TERMS))
+    if unknown:
+        raise ValueError(f"{owner} names unregistered terms {unknown}; the terms: {', '.join(REWARD_TERMS)}.")
+    for name, value in weights.items():
+        if not _is_finite_number(value):
+            raise ValueError(f"{owner}[{name!r}] must be a finite number, got {value!r}.")
+
+
 def _check_unregistered(name: str) -> None:
     if name in REWARD_TERMS:
         raise ValueError(

@@ -23,7 +23,14 @@ from typing import Any
 import torch
 from tensordict import TensorDict, tensorclass
 
-from waddle.envs.microduck.rewards import COMMAND_THRESHOLD, GAIT_TERMS, REWARD_PARAMS, REWARD_TERMS, default_weights
+from waddle.envs.microduck.rewards import (
+    COMMAND_THRESHOLD,
+    GAIT_TERMS,
+    REWARD_PARAMS,
+    REWARD_TERMS,
+    check_weights,
+    default_weights,
+)
 
 __all__ = [
     "COMMAND_THRESHOLD",
@@ -301,13 +308,8 @@ def make_task(
                 f"make_task({name!r}): unknown override {key!r}; accepted: the task fields "
                 f"{sorted(fields)} or the reward params {sorted(params)}."
             )
+    check_weights(reward_weights or {}, f"make_task({name!r}): reward_weights")
     weights = default_weights()
-    unknown = sorted(set(reward_weights or {}) - set(weights))
-    if unknown:
-        raise ValueError(
-            f"make_task({name!r}): reward_weights names unregistered terms {unknown}; "
-            f"registered terms: {tuple(weights)}."
-        )
     weights.update(reward_weights or {})
     weight_row = [_as_float(value, (), f"reward_weights[{term!r}]", name) for term, value in weights.items()]
     task = MicroDuckTask(
