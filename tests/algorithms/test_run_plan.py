@@ -156,6 +156,7 @@ def test_the_tables_are_read_only():
         ),
         ({"reward_weights": {"pose": float("nan")}}, r"reward_weights\['pose'\] must be a finite number, got nan"),
         ({"reward_weights": ["pose"]}, "reward_weights must map term names to weights"),
+        ({"reward_weights": {"pose": torch.tensor(1.0)}}, r"reward_weights must be plain numbers, which config.json"),
     ],
 )
 def test_a_bad_flag_is_refused_naming_it(flags, message):

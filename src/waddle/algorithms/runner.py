@@ -152,6 +152,9 @@ class TrainConfig:
         if not isinstance(self.reward_weights, Mapping):
             raise ValueError(f"reward_weights must map term names to weights, got {self.reward_weights!r}.")
         check_weights(self.reward_weights)
+        not_plain = {name: value for name, value in self.reward_weights.items() if not isinstance(value, (int, float))}
+        if not_plain:
+            raise ValueError(f"reward_weights must be plain numbers, which config.json records; got {not_plain!r}.")
         if self.randomization not in RANDOMIZATIONS:
             raise ValueError(f"randomization must be one of {', '.join(RANDOMIZATIONS)}; got {self.randomization!r}.")
         if self.action_mode not in ACTION_MODES:
