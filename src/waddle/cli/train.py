@@ -164,11 +164,12 @@ class _NameValues(argparse.Action):
         for item in values:
             name, _, value = item.partition("=")
             try:
-                if not name:
-                    raise ValueError(name)
-                pairs[name] = float(value)
+                number = float(value)
             except ValueError:
+                number = None
+            if not name or number is None:
                 parser.error(f"{option_string}: {item!r} is not NAME=X with X a number (e.g. target_past_range=-1).")
+            pairs[name] = number
         setattr(namespace, self.dest, pairs)
 
 
