@@ -284,9 +284,10 @@ def test_step_air_time_pays_landings_by_how_much_of_the_twist_is_done():
 
 def test_a_target_past_a_joints_range_is_costed_by_the_radians_it_overreaches():
     """The servo stops at the range the compiled model declares; the joystick recipe's cost pays for what the
-    action asked past it, per radian and per second, and nothing for a target inside it."""
+    action asked past it, per radian and per second, and nothing for a target inside it (weighted -1 here, so
+    the diagnostic is minus the radians times the control step)."""
     env = MicroDuckEnv(
-        tasks=[MicroDuckEnv.joystick_task()],
+        tasks=[MicroDuckEnv.joystick_task(reward_weights={"target_past_range": -1.0})],
         num_envs=3,
         seed=0,
         action_mode="robot",
