@@ -53,9 +53,9 @@ mirror loss")."""
 
 
 JOYSTICK_STEPS = 14_000_000
-"""The joystick recipe's step budget: about 55 minutes on 2 idle CPU cores (4,300 steps/s), within the hour of
-training the robot issue allows (docs/deploy.md, "The robot's own contract"). At 12M the runs' progress and
-tracking terms were still rising."""
+"""The joystick recipe's step budget: 40-55 minutes on 2 idle CPU cores (4,200-6,000 steps/s, by the
+machine), within the hour of training the robot issue allows (docs/deploy.md, "The robot's own contract").
+At 12M the runs' progress and tracking terms were still rising."""
 
 JOYSTICK_PRIOR_FADE_STEPS = 6_000_000
 """Env steps over which the joystick recipe's gait prior fades out. Without one, nothing pays for a step
@@ -79,8 +79,8 @@ JOYSTICK_HEADING_MEMORY_S = 5.0
 JOYSTICK_ALGORITHMS = {"ppo": {**ROBOT_CONTRACT_ALGORITHMS["ppo"], "heading_memory_s": JOYSTICK_HEADING_MEMORY_S}}
 """PPO's fields of the joystick recipe: the robot's contract with a heading memory on the head's roll. With the
 memory and the ``target_past_range`` cost, at 14M env steps, seed 1 met every target of the robot issue and
-seed 0 walked at 0.11 m/s and kept 92-100 % of its robots; without the memory no file held its heading within
-30 degrees (docs/deploy.md)."""
+seed 0 walked at 0.11 m/s and kept 92-100 % of its robots (on another machine seed 0 walked at 0.198 and missed
+one row); without the memory no file held its heading within 30 degrees (docs/deploy.md)."""
 
 GETUP_ALGORITHMS = {"ppo": {**ROBOT_CONTRACT_ALGORITHMS["ppo"], "init_log_std": -0.5, "entropy_coef": 0.01}}
 """PPO's fields of the getup recipe: the robot's contract as the joystick's, with a wider initial policy and
