@@ -13,7 +13,8 @@ For each seed this script
    env hands over the robot's 61 floats and applies ``default_joint_pos +
    action_scale * action``, nothing else between them;
 
-and prints one row per scenario, with the issue's targets beside the figures.
+and prints one row per scenario, with the issue's targets beside the figures, and how many robots fell
+and how many of those fell within a second of a push or of a new command.
 
     python benchmarks/robot.py --seeds 0 1 --minutes 60
     python benchmarks/robot.py --runs runs/robot --skip-train   # evaluate finished runs again
@@ -68,6 +69,10 @@ JOYSTICK_BOX = ((-0.2, -0.15), (0.3, 0.15))
 JOYSTICK_YAW = (-0.8, 0.8)
 JOYSTICK_EVERY_S = 4.0
 
+FALL_CAUSE_S = 1.0
+"""A fall within this many seconds of a push (or of a new command) is counted against it. Pushes come every
+3-6 s, so about a fifth of the falls would land there by chance."""
+
 
 def scenario_task(scenario: Scenario):
     """The joystick task row that commands ``scenario`` (no gait prior: the robot adds none)."""
@@ -85,6 +90,11 @@ def act(policy: RobotPolicy, td) -> torch.Tensor:
     """The file's actions for every env's robot observation, one call per env: the file is batch 1, as on
     the robot."""
     return torch.from_numpy(np.stack([policy(row) for row in td["robot_observation"].numpy()])).float()
+
+
+def twist_of(env: MicroDuckEnv) -> torch.Tensor:
+    """``(num_envs, 3)``: each env's command ``(vx, vy, vyaw)`` now."""
+    return torch.cat([env.commands.command, env.commands.yaw_rate.unsqueeze(-1)], dim=-1)
 
 
 def drive(policy_path: Path, scenario: Scenario, *, episodes: int, steps: int, seed: int) -> dict[str, float]:
@@ -110,12 +120,29 @@ def drive(policy_path: Path, scenario: Scenario, *, episodes: int, steps: int, s
     turned = torch.zeros(episodes, dtype=torch.float64)
     velocity_sum = torch.zeros(episodes, 2, dtype=torch.float64)
     lengths = torch.zeros(episodes)
+    # Seconds since each robot's last push and last new command, read when it falls: a fall soon after a
+    # push (or a command change) points at that as its cause.
+    since_push = torch.full((episodes,), math.inf)
+    since_command = torch.full((episodes,), math.inf)
+    push_timer = env.pushes.timer.clone()
+    twist = twist_of(env)
+    fall_after_push = torch.zeros(episodes, dtype=torch.bool)
+    fall_after_command = torch.zeros(episodes, dtype=torch.bool)
     for _ in range(steps):
         action = act(policy, td)
         past_range += torch.where(alive, ((action < reach_low) | (action > reach_high)).float().mean(-1), 0.0)
         td = env.step(td.set("action", action))["next"]
         done = td["done"].reshape(-1)
         terminated = td["terminated"].reshape(-1)
+        pushed = env.pushes.timer > push_timer  # a push restarts its env's timer with a new interval
+        since_push = torch.where(pushed, 0.0, since_push + env.control_dt)
+        push_timer = env.pushes.timer.clone()
+        new_twist = twist_of(env)
+        since_command = torch.where((new_twist != twist).any(-1), 0.0, since_command + env.control_dt)
+        twist = new_twist
+        falls = alive & terminated
+        fall_after_push |= falls & (since_push <= FALL_CAUSE_S)
+        fall_after_command |= falls & (since_command <= FALL_CAUSE_S)
         new_heading = env.heading().double()
         counted = alive & ~terminated
         turned += torch.where(counted, wrap_angle(new_heading - heading), 0.0)
@@ -140,6 +167,9 @@ def drive(policy_path: Path, scenario: Scenario, *, episodes: int, steps: int, s
         "drift_p95_deg": float(torch.quantile(torch.rad2deg(turned[survived].abs()), 0.95)) if survived.any() else nan,
         # Share of the servo targets the file asked past their joints' ranges, over the ticks until a robot fell.
         "past_range_%": 100.0 * float(past_range.sum() / (lengths.sum() + (~alive).sum()).clamp_min(1)),
+        "falls": int((~survived).sum()),
+        "after_push": int(fall_after_push.sum()),
+        "after_command": int(fall_after_command.sum()),
     }
 
 
@@ -215,6 +245,9 @@ def main(argv: list[str] | None = None) -> int:
             "yaw_rate_radps",
             "drift_p95_deg",
             "past_range_%",
+            "falls",
+            "after_push",
+            "after_command",
             "target",
         ]
         print_table(title, rows, columns)
