@@ -53,8 +53,9 @@ mirror loss")."""
 
 
 JOYSTICK_STEPS = 14_000_000
-"""The joystick recipe's step budget: 40-55 minutes on 2 idle CPU cores (4,200-6,000 steps/s, by the
-machine), within the hour of training the robot issue allows (docs/deploy.md, "The robot's own contract").
+"""The joystick recipe's step budget: 40-60 minutes on 2 idle CPU cores (3,600-6,000 steps/s, by the
+machine; the slowest so far reached 13.1M in an hour), within the hour of training the robot issue allows
+(docs/deploy.md, "The robot's own contract").
 At 12M the runs' progress and tracking terms were still rising."""
 
 JOYSTICK_PRIOR_FADE_STEPS = 6_000_000
