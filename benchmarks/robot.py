@@ -92,9 +92,9 @@ def act(policy: RobotPolicy, td) -> torch.Tensor:
     return torch.from_numpy(np.stack([policy(row) for row in td["robot_observation"].numpy()])).float()
 
 
-def twist_of(env: MicroDuckEnv) -> torch.Tensor:
-    """``(num_envs, 3)``: each env's command ``(vx, vy, vyaw)`` now."""
-    return torch.cat([env.commands.command, env.commands.yaw_rate.unsqueeze(-1)], dim=-1)
+def twist_of(td) -> torch.Tensor:
+    """``(num_envs, 3)``: each env's command ``(vx, vy, vyaw)``, as the env's observation reports it."""
+    return torch.cat([td["command"], td["yaw_rate_command"]], dim=-1)
 
 
 def drive(policy_path: Path, scenario: Scenario, *, episodes: int, steps: int, seed: int) -> dict[str, float]:
@@ -125,7 +125,7 @@ def drive(policy_path: Path, scenario: Scenario, *, episodes: int, steps: int, s
     since_push = torch.full((episodes,), math.inf)
     since_command = torch.full((episodes,), math.inf)
     push_timer = env.pushes.timer.clone()
-    twist = twist_of(env)
+    twist = twist_of(td)
     fall_after_push = torch.zeros(episodes, dtype=torch.bool)
     fall_after_command = torch.zeros(episodes, dtype=torch.bool)
     for _ in range(steps):
@@ -137,7 +137,7 @@ def drive(policy_path: Path, scenario: Scenario, *, episodes: int, steps: int, s
         pushed = env.pushes.timer > push_timer  # a push restarts its env's timer with a new interval
         since_push = torch.where(pushed, 0.0, since_push + env.control_dt)
         push_timer = env.pushes.timer.clone()
-        new_twist = twist_of(env)
+        new_twist = twist_of(td)
         since_command = torch.where((new_twist != twist).any(-1), 0.0, since_command + env.control_dt)
         twist = new_twist
         falls = alive & terminated
