@@ -214,6 +214,37 @@ def test_a_ray_address_implies_the_ray_backend():
         TrainConfig(ray_address="127.0.0.1:6379")
 
 
+def test_a_push_ramp_grows_the_training_pushes_to_full_strength():
+    plan = resolve_run({"task": "joystick", "push_ramp_steps": 4_000_000}, machine=TWO_CORES)
+    strengths = [
+        dataclasses.replace(plan, env_steps=steps).push_strength for steps in (0, 1_000_000, 4_000_000, 9_000_000)
+    ]
+    assert strengths == [0.0, 0.25, 1.0, 1.0]
+    assert resolve_run({"task": "joystick"}, machine=TWO_CORES).push_strength == 1.0  # no ramp: full from the start
+    # The ramp is the training env's alone: what the policy is evaluated and exported in pushes as the preset does.
+    assert "push_ramp_steps" not in plan.policy_env_options and "push_strength" not in plan.policy_env_options
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ({"push_ramp_steps": -1}, r"push_ramp_steps must be >= 0, got -1"),
+        ({"push_ramp_steps": 1000}, r"push_ramp_steps ramps up the training pushes, and randomization 'none' does not"),
+        (
+            {"task": "joystick", "push_ramp_steps": 1000, "collectors": 2},
+            r"--gait-prior-fade-steps and --push-ramp-steps change\(s\) the training env as the run goes",
+        ),
+        (
+            {"randomization": "upstream", "push_ramp_steps": 1000, "collectors": 2},
+            r"^--push-ramp-steps change\(s\) the training env .* leave --collectors at 1",
+        ),
+    ],
+)
+def test_a_push_ramp_that_cannot_apply_is_refused_naming_it(flags, message):
+    with pytest.raises(ValueError, match=message):
+        resolve_run(flags, machine=TWO_CORES)
+
+
 def test_an_analytic_gradient_run_refuses_remote_collectors():
     with pytest.raises(ValueError, match="--algo shac backpropagates through its env"):
         resolve_run({"algo": "shac", "collectors": 2}, machine=TWO_CORES)

@@ -432,6 +432,25 @@ def test_push_scale_trains_on_harder_pushes_while_eval_and_export_keep_the_prese
     assert drawn[0] == "upstream"
 
 
+def test_a_push_ramp_sets_the_training_envs_push_strength_before_each_iteration(tmp_path, monkeypatch):
+    import waddle.cli.train as train_cli
+
+    built = []
+    original = train_cli.make_env
+    monkeypatch.setattr(
+        train_cli, "make_env", lambda *args, **kwargs: built.append(original(*args, **kwargs)) or built[-1]
+    )
+    out = tmp_path / "run"
+    argv = ["train", "--task", "standing", "--randomization", "upstream", "--total-steps", "1280", *TINY]
+    assert main([*argv, "--video-frames", "0", "--out", str(out), "--push-ramp-steps", "512"]) == 0
+    assert len(built) == 1  # the training env (no video)
+    rows = list(csv.DictReader((out / "metrics.csv").open()))
+    # TINY's iterations are 16 envs x 16 steps = 256 env steps; each trained at the strength its start set.
+    assert [float(row["curriculum/push_strength"]) for row in rows] == [0.0, 0.5, 1.0, 1.0, 1.0]
+    assert built[0].pushes.strength == 1.0
+    assert torch.load(out / "checkpoint.pt", weights_only=True)["config"]["run"]["push_ramp_steps"] == 512
+
+
 @pytest.mark.parametrize(
     ("flags", "threads"),
     [

@@ -495,6 +495,7 @@ ADDED_RUN_FIELDS: dict[str, Any] = {
     "ray_address": "",
     "action_mode": "residual",
     "gait_prior_fade_steps": 0,
+    "push_ramp_steps": 0,
     "reward_weights": {},
 }
 """Run-config (``TrainConfig``) fields added since checkpoints were first written -> the value

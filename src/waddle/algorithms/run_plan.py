@@ -157,6 +157,13 @@ class RunPlan:
         return 1.0 if fade == 0 else max(0.0, 1.0 - self.env_steps / fade)
 
     @property
+    def push_strength(self) -> float:
+        """The share of each drawn push the training env deals after ``env_steps``: 1 without a ramp, else
+        ``min(1, env_steps / push_ramp_steps)``."""
+        ramp = self.run.push_ramp_steps
+        return 1.0 if ramp == 0 else min(1.0, self.env_steps / ramp)
+
+    @property
     def policy_env_options(self) -> dict[str, Any]:
         """The MicroDuckEnv options (:data:`POLICY_ENV_FIELDS`) every env the policy runs in takes; for a
         run whose gait prior fades, the share of it left after ``env_steps``; and the run's reward weights, so
@@ -341,10 +348,12 @@ def resolve_run(
         start_iteration=start_iteration,
         env_steps=0 if resume is None else int(resume["env_steps"]),
     )
-    if run.gait_prior_fade_steps > 0 and plan.collectors is not None:
+    curricula = [name for name in ("gait_prior_fade_steps", "push_ramp_steps") if getattr(run, name) > 0]
+    if curricula and plan.collectors is not None:
+        flags = " and ".join("--" + name.replace("_", "-") for name in curricula)
         raise ValueError(
-            "--gait-prior-fade-steps changes the training env as the run goes, which it can do only in this "
-            "process: leave --collectors at 1 and --collector-backend unset."
+            f"{flags} change(s) the training env as the run goes, which only this process's env can do: "
+            "leave --collectors at 1 and --collector-backend unset."
         )
     if saved is not None:
         check_compatible(saved.config(), plan.config(), ignore=RESUMABLE_FIELDS)

@@ -42,7 +42,7 @@ from waddle.algorithms.loggers import LOGGERS
 from waddle.algorithms.presets import RANDOMIZATIONS, training_randomization
 from waddle.algorithms.trainer import Trainer
 from waddle.collectors.rollout import COLLECTOR_BACKENDS, CollectorDiedError, split_envs
-from waddle.envs.microduck import MicroDuckEnv
+from waddle.envs.microduck import MicroDuckEnv, MicroDuckRandomization
 from waddle.envs.microduck.rewards import check_weights
 
 ACTION_MODES: tuple[str, ...] = MicroDuckEnv.ACTION_MODES
@@ -94,6 +94,9 @@ class TrainConfig:
     """Env steps over which the training env's gait prior fades to nothing (0: it stays as the task sets it).
     A policy that reads no gait clock learns to step on the prior and takes the stepping over as it fades;
     after that many steps the env adds nothing, as the robot adds nothing."""
+    push_ramp_steps: int = 0
+    """Env steps over which the training pushes grow linearly from nothing to their full strength (0: full from
+    the first step). A policy first learns to step on calm ground, then to keep its feet under growing kicks."""
     reward_weights: dict[str, float] = field(default_factory=dict)
     """Reward term -> weight, over the task's own weights in every env the run builds ('--reward-weights
     target_past_range=-1 pose=1'; the terms are waddle.envs.microduck.rewards.REWARD_TERMS)."""
@@ -141,7 +144,7 @@ class TrainConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
-        for name in ("video_frames", "torch_threads", "update_threads", "gait_prior_fade_steps"):
+        for name in ("video_frames", "torch_threads", "update_threads", "gait_prior_fade_steps", "push_ramp_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}.")
         scale = self.action_scale
@@ -164,6 +167,11 @@ class TrainConfig:
                 training_randomization(self.randomization, self.push_scale)
             except ValueError as err:
                 raise ValueError(f"push_scale: {err}") from None
+        if self.push_ramp_steps > 0 and not MicroDuckRandomization.preset(self.randomization).pushes:
+            raise ValueError(
+                f"push_ramp_steps ramps up the training pushes, and randomization {self.randomization!r} does not "
+                "push: use randomization 'upstream', or leave push_ramp_steps at 0."
+            )
         if self.logger not in LOGGERS:
             raise ValueError(f"logger must be one of {', '.join(LOGGERS)}; got {self.logger!r}.")
         if self.collector_backend not in REMOTE_COLLECTOR_BACKENDS:

@@ -416,7 +416,7 @@ def run(args: argparse.Namespace) -> int:
         plot_every_s=run_config.plot_every_s,
         progress=args.progress,
         logger=logger,
-        before_iteration=_gait_prior_fade(env, run_config.gait_prior_fade_steps),
+        before_iteration=_curriculum(env, plan),
     )
 
     # Run.
@@ -482,17 +482,26 @@ def _remote_collectors(plan: RunPlan, env_options: dict[str, Any]) -> tuple[list
     return env_factories, ray_init
 
 
-def _gait_prior_fade(env: Any, fade_steps: int) -> Callable[[int], dict[str, float]] | None:
-    """The runner's hook that fades ``env``'s gait prior linearly to nothing over ``fade_steps`` env steps
-    (``None`` without a fade); the share left is logged as ``curriculum/gait_prior_scale``."""
-    if fade_steps == 0:
+def _curriculum(env: Any, plan: RunPlan) -> Callable[[int], dict[str, float]] | None:
+    """The runner's hook that sets ``env``'s curricula for the env steps trained so far (``None`` without any):
+    the gait prior fading over ``gait_prior_fade_steps`` (``RunPlan.gait_prior_scale``) and the pushes growing
+    over ``push_ramp_steps`` (``RunPlan.push_strength``), logged under ``curriculum/``."""
+    run = plan.run
+    if run.gait_prior_fade_steps == 0 and run.push_ramp_steps == 0:
         return None
 
-    def fade(env_steps: int) -> dict[str, float]:
-        env.gait_prior_scale = max(0.0, 1.0 - env_steps / fade_steps)
-        return {"curriculum/gait_prior_scale": env.gait_prior_scale}
+    def set_curricula(env_steps: int) -> dict[str, float]:
+        now = dataclasses.replace(plan, env_steps=env_steps)
+        metrics = {}
+        if run.gait_prior_fade_steps > 0:
+            env.gait_prior_scale = now.gait_prior_scale
+            metrics["curriculum/gait_prior_scale"] = env.gait_prior_scale
+        if run.push_ramp_steps > 0:
+            env.pushes.strength = now.push_strength
+            metrics["curriculum/push_strength"] = env.pushes.strength
+        return metrics
 
-    return fade
+    return set_curricula
 
 
 def _close(trainer: Trainer) -> None:

@@ -16,6 +16,7 @@ from torchrl.envs.utils import check_env_specs
 from waddle.envs.microduck import MicroDuckEnv, MicroDuckRandomization
 from waddle.envs.microduck.assets import load_model
 from waddle.envs.microduck.constants import EMBEDDED_SCENE, FOOT_GEOMS, JOINT_NAMES
+from waddle.envs.microduck.pushes import PushSchedule
 from waddle.envs.microduck.randomization import PRESETS, DelayLine
 from waddle.envs.microduck.sensors import SENSOR_FIELDS
 
@@ -331,6 +332,28 @@ def test_pushes_kick_the_trunk_velocity_at_their_interval(config):
             data = _step_by_hand(model, before["qpos"][row].numpy(), qvel, stand)
             np.testing.assert_allclose(after["qvel"][row].numpy(), data.qvel, atol=1e-8)
     env.close()
+
+
+def test_a_push_strength_scales_the_kicks_dealt_and_leaves_the_draws_alone():
+    """A curriculum's push strength deals that share of each kick; the timers, and every draw of the
+    generator after them, are those of full-strength pushes (a ramp does not change the rest of the run)."""
+    config = MicroDuckRandomization.preset("upstream")
+    schedules = [PushSchedule(6, config, control_dt=0.02, dtype=torch.float64, device="cpu") for _ in range(2)]
+    schedules[1].strength = 0.25
+    generators = [torch.Generator().manual_seed(3) for _ in range(2)]
+    for schedule, generator in zip(schedules, generators):
+        schedule.begin(torch.ones(6, dtype=torch.bool), generator)
+    dealt = 0
+    for _ in range(400):  # 8 s: every env is pushed at least once (intervals of 3-6 s)
+        full, weak = (schedule.tick(generator) for schedule, generator in zip(schedules, generators))
+        assert (full is None) == (weak is None)
+        if full is not None:
+            assert torch.equal(full[0], weak[0])
+            torch.testing.assert_close(weak[1], 0.25 * full[1], rtol=0, atol=0)
+            dealt += int(full[0].sum())
+    assert dealt >= 6
+    torch.testing.assert_close(schedules[1].timer, schedules[0].timer, rtol=0, atol=0)
+    assert torch.equal(generators[0].get_state(), generators[1].get_state())
 
 
 def test_sensor_observation_without_noise_is_what_mujoco_measures():

@@ -9,6 +9,7 @@ the kicks; the env applies them to its physics.
     pushes = PushSchedule(num_envs, randomization, control_dt=0.02, dtype=..., device=...)
     pushes.begin(rows, generator)          # at a reset: the envs' first interval
     due, kick = pushes.tick(generator)     # every step: who is pushed, by how much (None when nobody is)
+    pushes.strength = 0.5                  # a curriculum's ramp: half of every kick drawn from here on
 
 Every draw comes from the generator passed in, in the order of the calls.
 """
@@ -38,6 +39,9 @@ class PushSchedule:
         self.dtype, self.device = dtype, device
         self.timer = torch.zeros(num_envs, dtype=dtype, device=device)
         """``(num_envs,)`` seconds until each env's next push."""
+        self.strength = 1.0
+        """Share of each drawn kick that is dealt, >= 0 (a training curriculum ramps it up; the draws, and so
+        every later draw of the generator, are the same at any strength)."""
 
     def _uniform(self, bounds: tuple[float, float], shape: tuple[int, ...], generator: torch.Generator):
         low, high = bounds
@@ -61,7 +65,7 @@ class PushSchedule:
         kick = self._uniform(self.velocity, (n, 2), generator)
         interval = self._uniform(self.interval, (n,), generator)
         self.timer = torch.where(due, interval, self.timer)
-        return due, torch.where(due.unsqueeze(-1), kick, torch.zeros_like(kick))
+        return due, torch.where(due.unsqueeze(-1), self.strength * kick, torch.zeros_like(kick))
 
 
 __all__ = ["PushSchedule"]
