@@ -425,7 +425,7 @@ def test_push_scale_trains_on_harder_pushes_while_eval_and_export_keep_the_prese
     onnx = tmp_path / "policy.onnx"
     assert main(["export", str(out), "--onnx", str(onnx), "--samples", "4"]) == 0
     training = json.loads(onnx.with_suffix(".json").read_text())["training"]
-    assert (training["randomization"], training["push_scale"]) == ("upstream", 1.5)
+    assert (training["randomization"], training["push_scale"], training["push_ramp_steps"]) == ("upstream", 1.5, 0)
     # Without the flag the training env draws the preset by name, as every run did before the option.
     drawn.clear()
     assert main([*argv, "--out", str(tmp_path / "plain"), "--randomization", "upstream"]) == 0

@@ -229,6 +229,7 @@ def run(args: argparse.Namespace) -> int:
             "task": plan.run.task,
             "randomization": plan.run.randomization,
             "push_scale": plan.run.push_scale,
+            "push_ramp_steps": plan.run.push_ramp_steps,
             "actor_observation": "sensors" if key == "sensor_observation" else "full",
             **plan.policy_env_options,
             "env_steps": int(checkpoint["env_steps"]),
