@@ -96,7 +96,8 @@ class TrainConfig:
     after that many steps the env adds nothing, as the robot adds nothing."""
     push_ramp_steps: int = 0
     """Env steps over which the training pushes grow linearly from nothing to their full strength (0: full from
-    the first step). A policy first learns to step on calm ground, then to keep its feet under growing kicks."""
+    the first step). A policy first learns to step on calm ground, then to keep its feet under growing kicks;
+    over the joystick recipe's first 6M it walked 4M steps sooner but fell more (docs/deploy.md, stop 55)."""
     reward_weights: dict[str, float] = field(default_factory=dict)
     """Reward term -> weight, over the task's own weights in every env the run builds ('--reward-weights
     target_past_range=-1 pose=1'; the terms are waddle.envs.microduck.rewards.REWARD_TERMS)."""
