@@ -352,7 +352,8 @@ def resolve_run(
     if curricula and plan.collectors is not None:
         flags = " and ".join("--" + name.replace("_", "-") for name in curricula)
         raise ValueError(
-            f"{flags} change(s) the training env as the run goes, which only this process's env can do: "
+            f"{flags} {'change' if len(curricula) > 1 else 'changes'} the training env as the run goes, which only "
+            "this process's env can do: "
             "leave --collectors at 1 and --collector-backend unset."
         )
     if saved is not None:
