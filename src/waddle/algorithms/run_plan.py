@@ -353,8 +353,7 @@ def resolve_run(
         flags = " and ".join("--" + name.replace("_", "-") for name in curricula)
         raise ValueError(
             f"{flags} {'change' if len(curricula) > 1 else 'changes'} the training env as the run goes, which only "
-            "this process's env can do: "
-            "leave --collectors at 1 and --collector-backend unset."
+            "this process's env can do: leave --collectors at 1 and --collector-backend unset."
         )
     if saved is not None:
         check_compatible(saved.config(), plan.config(), ignore=RESUMABLE_FIELDS)
