@@ -356,6 +356,16 @@ def test_a_push_strength_scales_the_kicks_dealt_and_leaves_the_draws_alone():
     assert torch.equal(generators[0].get_state(), generators[1].get_state())
 
 
+@pytest.mark.parametrize("strength", [-0.1, 1.5, float("nan")])
+def test_a_push_strength_outside_zero_to_one_is_refused(strength):
+    schedule = PushSchedule(
+        2, MicroDuckRandomization.preset("upstream"), control_dt=0.02, dtype=torch.float64, device="cpu"
+    )
+    with pytest.raises(ValueError, match=r"strength is the share of each kick dealt, within \[0, 1\].*--push-scale"):
+        schedule.strength = strength
+    assert schedule.strength == 1.0
+
+
 def test_sensor_observation_without_noise_is_what_mujoco_measures():
     config = {"imu_tilt": (0.05, 0.1), "joint_offset": (-0.015, 0.015)}
     env = _env(config, num_envs=3, tasks=MicroDuckEnv.tracking_task(0.2), reset_noise_scale=0.01)

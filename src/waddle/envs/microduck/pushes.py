@@ -39,9 +39,24 @@ class PushSchedule:
         self.dtype, self.device = dtype, device
         self.timer = torch.zeros(num_envs, dtype=dtype, device=device)
         """``(num_envs,)`` seconds until each env's next push."""
-        self.strength = 1.0
-        """Share of each drawn kick that is dealt, >= 0 (a training curriculum ramps it up; the draws, and so
-        every later draw of the generator, are the same at any strength)."""
+        self._strength = 1.0
+
+    @property
+    def strength(self) -> float:
+        """Share of each drawn kick that is dealt, in [0, 1] (a training curriculum ramps it up; the draws, and
+        so every later draw of the generator, are the same at any strength; ``--push-scale`` makes kicks
+        harder)."""
+        return self._strength
+
+    @strength.setter
+    def strength(self, value: float) -> None:
+        share = float(value)
+        if not 0.0 <= share <= 1.0:  # also refuses NaN
+            raise ValueError(
+                f"PushSchedule.strength is the share of each kick dealt, within [0, 1]; got {value!r} "
+                "(harder pushes are a randomization's push_velocity, --push-scale on the command line)."
+            )
+        self._strength = share
 
     def _uniform(self, bounds: tuple[float, float], shape: tuple[int, ...], generator: torch.Generator):
         low, high = bounds
