@@ -97,7 +97,8 @@ class TrainConfig:
     push_ramp_steps: int = 0
     """Env steps over which the training pushes grow linearly from nothing to their full strength (0: full from
     the first step). A policy first learns to step on calm ground, then to keep its feet under growing kicks;
-    over the joystick recipe's first 6M it walked 4M steps sooner but fell more (docs/deploy.md, stop 55)."""
+    over the joystick recipe's first 6M or 3M it walked 4M steps sooner, and traded rows of the benchmark
+    rather than closing them (docs/deploy.md, stops 55 and 56)."""
     reward_weights: dict[str, float] = field(default_factory=dict)
     """Reward term -> weight, over the task's own weights in every env the run builds ('--reward-weights
     target_past_range=-1 pose=1'; the terms are waddle.envs.microduck.rewards.REWARD_TERMS)."""
