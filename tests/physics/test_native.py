@@ -83,6 +83,40 @@ def test_trajectories_match_mj_step():
     sim.close()
 
 
+def test_applied_forces_match_mj_step_with_xfrc_applied_and_clear():
+    num_envs, steps = 4, 10
+    sim = _backend(num_envs, num_threads=2)
+    qpos, qvel = _initial_state(sim.model, num_envs)
+    sim.reset(torch.from_numpy(qpos), torch.from_numpy(qvel))
+    xfrc = np.zeros((num_envs, sim.model.nbody, 6))
+    box, arm = sim.model.body("box").id, sim.model.body("arm").id
+    xfrc[:, box] = np.random.default_rng(2).normal(scale=2.0, size=(num_envs, 6))
+    xfrc[1, arm, 2] = 0.5
+    datas = [mujoco.MjData(sim.model) for _ in range(num_envs)]
+    for data, q, v in zip(datas, qpos, qvel):
+        data.qpos[:], data.qvel[:] = q, v
+    for t in range(steps):
+        forced = t < steps // 2  # the second half after clearing them
+        sim.apply_forces(torch.from_numpy(xfrc) if forced else None)
+        sim.step(torch.full((num_envs, 1), 0.3, dtype=torch.float64))
+        for i, data in enumerate(datas):
+            data.ctrl[:] = 0.3
+            data.xfrc_applied[:] = xfrc[i] if forced else 0.0
+            for _ in range(FRAME_SKIP):
+                mujoco.mj_step(sim.model, data)
+        np.testing.assert_allclose(sim.qpos.numpy(), np.stack([d.qpos for d in datas]), atol=1e-6)
+    # The forces moved the envs apart from where they go without them.
+    free = _backend(num_envs)
+    free.reset(torch.from_numpy(qpos), torch.from_numpy(qvel))
+    for _ in range(steps):
+        free.step(torch.full((num_envs, 1), 0.3, dtype=torch.float64))
+    assert (free.qpos - sim.qpos).abs().amax(-1).min() > 1e-3
+    with pytest.raises(ValueError, match=r"xfrc must have shape \(4, 3, 6\), got \(4, 6\)"):
+        sim.apply_forces(torch.zeros(4, 6))
+    sim.close()
+    free.close()
+
+
 def test_masked_reset_leaves_other_envs_alone():
     sim = _backend(4)
     qpos, qvel = _initial_state(sim.model, 4)

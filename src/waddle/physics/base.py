@@ -199,6 +199,23 @@ class PhysicsBackend(abc.ABC):
             f"The {self.name!r} backend cannot change velocities mid-episode; use backend='mujoco' or backend='mjx'."
         )
 
+    @property
+    def applies_forces(self) -> bool:
+        """Whether :meth:`apply_forces` can hold external forces on the bodies."""
+        return False
+
+    def apply_forces(self, xfrc: torch.Tensor | None) -> None:
+        """Hold external forces on the bodies over the following steps, until replaced or cleared.
+
+        Args:
+            xfrc: ``(num_envs, nbody, 6)``: per env and body, a force (N) then a torque (N m), in the world
+                frame, at the body's centre of mass (MuJoCo's ``MjData.xfrc_applied``); ``None`` clears
+                them all.
+        """
+        raise NotImplementedError(
+            f"The {self.name!r} backend cannot apply external forces to bodies; use backend='mujoco'."
+        )
+
     def detach(self) -> None:  # noqa: B027 - a no-op for backends without an autograd history
         """Cut the autograd history of the state (a truncated-BPTT boundary)."""
 

@@ -17,6 +17,11 @@ step stays one call into C. The copies are of a lean build of the model
 (textures shrunk to a texel, which the physics never reads), about 65 kB each
 for the MicroDuck; the values are written into them at reset only.
 
+Forces held on bodies (:meth:`NativeBackend.apply_forces`, MuJoCo's
+``xfrc_applied``) travel with the controls, as ``mujoco.rollout`` takes them
+(``mjSTATE_CTRL | mjSTATE_XFRC_APPLIED``); a step without them passes the
+controls alone.
+
 MuJoCo resets a simulator whose state becomes non-finite or huge (with a
 warning) and keeps stepping from ``qpos0``. The backend spots that by the
 simulator's clock falling behind and reports the env in :attr:`diverged`, with
@@ -39,6 +44,7 @@ from waddle.physics.base import PhysicsBackend
 
 _STATE = mujoco.mjtState.mjSTATE_FULLPHYSICS
 _CTRL = mujoco.mjtState.mjSTATE_CTRL
+_CTRL_FORCES = mujoco.mjtState.mjSTATE_CTRL | mujoco.mjtState.mjSTATE_XFRC_APPLIED
 
 
 class NativeBackend(PhysicsBackend):
@@ -90,6 +96,9 @@ class NativeBackend(PhysicsBackend):
         # The controls held over the substeps, laid out as mujoco.rollout reads them, so that a step can
         # skip the wrapper's checks and singleton tiling (a quarter of a millisecond per call).
         self._ctrl = np.zeros((self.num_envs, self.frame_skip, model.nu))
+        # With forces held on the bodies, the controls are followed by them (mujoco.rollout's layout of
+        # CTRL | XFRC_APPLIED); None while there are none, so that an unforced step copies nothing more.
+        self._forced_ctrl: np.ndarray | None = None
         self._shared_models = [model] * self.num_envs
         self._step_time = self.frame_skip * model.opt.timestep
         self._diverged = torch.zeros(self.num_envs, dtype=torch.bool, device=self.device)
@@ -174,6 +183,22 @@ class NativeBackend(PhysicsBackend):
             for row in rows:
                 views[row][...] = array[row]
 
+    @property
+    def applies_forces(self) -> bool:
+        return True
+
+    def apply_forces(self, xfrc: torch.Tensor | None) -> None:
+        if xfrc is None:
+            self._forced_ctrl = None
+            return
+        expected = (self.num_envs, self.model.nbody, 6)
+        if tuple(xfrc.shape) != expected:
+            raise ValueError(f"apply_forces: xfrc must have shape {expected}, got {tuple(xfrc.shape)}.")
+        if self._forced_ctrl is None:
+            self._forced_ctrl = np.zeros((self.num_envs, self.frame_skip, self.model.nu + 6 * self.model.nbody))
+        forces = xfrc.detach().cpu().double().numpy().reshape(self.num_envs, 1, -1)
+        self._forced_ctrl[:, :, self.model.nu :] = forces
+
     def set_qvel(self, qvel: torch.Tensor, mask: torch.Tensor | None = None) -> None:
         rows = np.arange(self.num_envs) if mask is None else mask.detach().cpu().numpy().reshape(-1).nonzero()[0]
         if rows.size:
@@ -201,7 +226,11 @@ class NativeBackend(PhysicsBackend):
             self._sensors[row] = data.sensordata
 
     def step(self, ctrl: torch.Tensor) -> None:
-        self._ctrl[:] = ctrl.detach().cpu().numpy()[:, None, :]
+        if self._forced_ctrl is None:
+            control, control_spec = self._ctrl, _CTRL
+        else:
+            control, control_spec = self._forced_ctrl, _CTRL_FORCES
+        control[:, :, : self.model.nu] = ctrl.detach().cpu().numpy()[:, None, :]
         start_time = self._state[:, 0].copy()
         # Straight to C: the models (one shared, or one per env of one size signature by construction)
         # and every array already have exactly the shapes and types the rollout expects.
@@ -209,8 +238,8 @@ class NativeBackend(PhysicsBackend):
             self._shared_models if self._models is None else self._models,
             self._scratch,
             self._state,
-            self._ctrl,
-            control_spec=_CTRL,
+            control,
+            control_spec=control_spec,
             skip_checks=True,
             nstep=self.frame_skip,
             state=self._trajectory,
