@@ -16,10 +16,17 @@ asks whether the servos allow a get-up, before any learning is involved:
   patterns that did and the best ``getup`` reward reached (upright cosine
   squared times the height fraction from 0.05 m to standing, 1 when standing).
 
+``--lift-assist`` adds rows with the get-up curriculum's helping hand
+(:mod:`waddle.envs.microduck.lift_assist`): an upward force of that share of
+the robot's weight at the trunk's centre of mass, held for the whole pattern
+(the env takes it away from a robot that stands; this search does not, so
+its "stood up" counts a lifted robot).
+
 Usage::
 
     python benchmarks/getup_feasibility.py                       # scales 0.7 1.0 1.5, 256 patterns each
     python benchmarks/getup_feasibility.py --scales 0.7 --samples 64
+    python benchmarks/getup_feasibility.py --scales 1.0 --lift-assist 0 0.3 0.5 0.7
 """
 
 from __future__ import annotations
@@ -33,12 +40,13 @@ from mujoco import rollout
 
 from waddle.envs.microduck import getup_reference as reference
 from waddle.envs.microduck.assets import load_spec
-from waddle.envs.microduck.constants import EMBEDDED_SCENE, STAND_KEYFRAME
+from waddle.envs.microduck.constants import EMBEDDED_SCENE, ROOT_BODY, STAND_KEYFRAME
 from waddle.envs.microduck.ground_contact import add_limb_collisions
 from waddle.envs.microduck.robot import DEFAULT_JOINT_POS
 from waddle.envs.microduck.tasks import LYING_STARTS
 
 CONTROL_DT = 0.02
+CONTROL_SPEC = mujoco.mjtState.mjSTATE_CTRL | mujoco.mjtState.mjSTATE_XFRC_APPLIED
 PATTERN_S = 4.0
 HOLD_S = (0.3, 1.2)
 POSES = 3
@@ -80,6 +88,14 @@ def patterns(m: mujoco.MjModel, scale: float, samples: int, rng: np.random.Gener
     return np.repeat(targets, substeps, axis=1)
 
 
+def lifted(m: mujoco.MjModel, targets: np.ndarray, trunk: int, force: float) -> np.ndarray:
+    """``mujoco.rollout`` controls of ``CONTROL_SPEC``: the servo ``targets`` and ``force`` N up at the trunk."""
+    control = np.zeros((*targets.shape[:2], m.nu + 6 * m.nbody))
+    control[..., : m.nu] = targets
+    control[..., m.nu + 6 * trunk + 2] = force
+    return control
+
+
 def getup_rewards(states: np.ndarray, m: mujoco.MjModel, standing: float) -> tuple[np.ndarray, np.ndarray]:
     """Per pattern and physics step of ``mujoco.rollout`` states: the env's ``getup`` reward (upright cosine
     squared times the height fraction from ``LYING_HEIGHT`` to standing), and whether the robot stands."""
@@ -108,6 +124,9 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=256)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--lift-assist", type=float, nargs="+", default=[0.0], metavar="SHARE", help="shares of the weight lifted"
+    )
     args = parser.parse_args()
     m = model()
     print(f"MicroDuck get-up feasibility: {load_line('at the start')}")
@@ -115,6 +134,7 @@ def main() -> None:
     table = Table(
         [
             Column("scale", ".2f"),
+            Column("lift", ".2f"),
             Column("start", left=True, width=6),
             Column("stood up %", ".1f"),
             Column("best getup reward", ".3f"),
@@ -124,16 +144,23 @@ def main() -> None:
     )
     table.print_header()
     data = [mujoco.MjData(m) for _ in range(args.threads)]
+    weight = float(m.body_mass.sum()) * float(np.linalg.norm(m.opt.gravity))
+    trunk = m.body(ROOT_BODY).id
     for scale in args.scales:
-        rng = np.random.default_rng(args.seed)
-        for start in LYING_STARTS:
-            state, standing = lying_state(m, start)
-            control = patterns(m, scale, args.samples, rng)
-            initial = np.broadcast_to(state, (args.samples, state.size)).copy()
-            with timed() as clock:
-                states, _ = rollout.rollout(m, data, initial, control)
-            stood, best = judge(states, m, standing)
-            table.print_row(scale, start, 100.0 * stood.mean(), float(best.max()), float(np.median(best)), clock.wall_s)
+        for lift in args.lift_assist:
+            if not 0.0 <= lift <= 1.0:
+                parser.error(f"--lift-assist: a share of the weight in [0, 1], got {lift}")
+            rng = np.random.default_rng(args.seed)  # the same patterns for every lift
+            for start in LYING_STARTS:
+                state, standing = lying_state(m, start)
+                control = lifted(m, patterns(m, scale, args.samples, rng), trunk, lift * weight)
+                initial = np.broadcast_to(state, (args.samples, state.size)).copy()
+                with timed() as clock:
+                    states, _ = rollout.rollout(m, data, initial, control, control_spec=CONTROL_SPEC)
+                stood, best = judge(states, m, standing)
+                table.print_row(
+                    scale, lift, start, 100.0 * stood.mean(), float(best.max()), float(np.median(best)), clock.wall_s
+                )
     print(load_line("at the end"))
 
 

@@ -245,6 +245,35 @@ def test_a_push_ramp_that_cannot_apply_is_refused_naming_it(flags, message):
         resolve_run(flags, machine=TWO_CORES)
 
 
+def test_a_lift_assist_fades_to_nothing_and_stays_out_of_the_policys_envs():
+    plan = resolve_run({"task": "getup", "lift_assist": 0.8, "lift_assist_fade_steps": 4_000_000}, machine=TWO_CORES)
+    shares = [dataclasses.replace(plan, env_steps=steps).lift_assist for steps in (0, 1_000_000, 4_000_000, 9_000_000)]
+    assert shares == pytest.approx([0.8, 0.6, 0.0, 0.0])
+    assert resolve_run({"task": "joystick"}, machine=TWO_CORES).lift_assist == 0.0
+    assert not any(name.startswith("lift") for name in plan.policy_env_options)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ({"lift_assist": 1.5, "lift_assist_fade_steps": 10}, r"lift_assist must be a share .* in \[0, 1\], got 1.5"),
+        ({"lift_assist": 0.5}, r"lift_assist 0.5 must fade, .* give lift_assist_fade_steps > 0"),
+        ({"lift_assist_fade_steps": -1}, r"lift_assist_fade_steps must be >= 0, got -1"),
+        (
+            {"lift_assist": 0.5, "lift_assist_fade_steps": 10, "backend": "mjx"},
+            r"only the 'mujoco' backend can; got backend 'mjx'",
+        ),
+        (
+            {"task": "getup", "collectors": 2},
+            r"^--lift-assist-fade-steps changes the training env .* leave --collectors at 1",
+        ),
+    ],
+)
+def test_a_lift_assist_that_cannot_apply_is_refused_naming_it(flags, message):
+    with pytest.raises(ValueError, match=message):
+        resolve_run(flags, machine=TWO_CORES)
+
+
 def test_an_analytic_gradient_run_refuses_remote_collectors():
     with pytest.raises(ValueError, match="--algo shac backpropagates through its env"):
         resolve_run({"algo": "shac", "collectors": 2}, machine=TWO_CORES)

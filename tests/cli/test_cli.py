@@ -451,6 +451,23 @@ def test_a_push_ramp_sets_the_training_envs_push_strength_before_each_iteration(
     assert torch.load(out / "checkpoint.pt", weights_only=True)["config"]["run"]["push_ramp_steps"] == 512
 
 
+def test_a_lift_assist_sets_the_training_envs_lift_before_each_iteration(tmp_path, monkeypatch):
+    import waddle.cli.train as train_cli
+
+    built = []
+    original = train_cli.make_env
+    monkeypatch.setattr(
+        train_cli, "make_env", lambda *args, **kwargs: built.append(original(*args, **kwargs)) or built[-1]
+    )
+    out = tmp_path / "run"
+    argv = ["train", "--task", "getup", "--total-steps", "1280", *TINY, "--video-frames", "0", "--out", str(out)]
+    assert main([*argv, "--lift-assist", "0.6", "--lift-assist-fade-steps", "512"]) == 0
+    rows = list(csv.DictReader((out / "metrics.csv").open()))
+    # TINY's iterations are 256 env steps; each trained at the share its start set.
+    assert [float(row["curriculum/lift_assist"]) for row in rows] == pytest.approx([0.6, 0.3, 0.0, 0.0, 0.0])
+    assert built[0].lift_assist == 0.0
+
+
 @pytest.mark.parametrize(
     ("flags", "threads"),
     [

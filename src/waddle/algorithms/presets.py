@@ -106,8 +106,20 @@ GETUP_REFERENCE_START_FRACTION = 0.5
 (``reference_start_fraction``) instead of a drop. From drops alone PPO met no state on the way up in 9.7M
 steps; the reference starts show it the whole way, from lying to standing, from the first iteration."""
 
+GETUP_LIFT_ASSIST = 0.7
+"""Share of the robot's weight the get-up recipes hold up at the trunk of a robot that is not standing, at the
+first step (``lift_assist``). ``python benchmarks/getup_feasibility.py --scales 1.0 --lift-assist 0 0.3 0.5 0.7``
+(256 random open-loop patterns per lying start, seed 0): the best got a robot 10-18 % of the way up without it,
+19-25 % at 0.5 and 26-86 % at 0.7."""
+
+GETUP_LIFT_ASSIST_FADE_STEPS = 12_000_000
+"""Env steps over which the get-up recipes' lift assist fades to nothing: two thirds of ``getup``'s budget, the
+last third to stand up and balance under the robot's full weight."""
+
 GETUP_RUN = {
     "total_steps": GETUP_STEPS,
+    "lift_assist": GETUP_LIFT_ASSIST,
+    "lift_assist_fade_steps": GETUP_LIFT_ASSIST_FADE_STEPS,
     "randomization": "upstream",
     "action_mode": "robot",
     "action_scale": GETUP_ACTION_SCALE,
@@ -496,6 +508,8 @@ ADDED_RUN_FIELDS: dict[str, Any] = {
     "action_mode": "residual",
     "gait_prior_fade_steps": 0,
     "push_ramp_steps": 0,
+    "lift_assist": 0.0,
+    "lift_assist_fade_steps": 0,
     "reward_weights": {},
 }
 """Run-config (``TrainConfig``) fields added since checkpoints were first written -> the value

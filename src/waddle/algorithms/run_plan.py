@@ -164,6 +164,14 @@ class RunPlan:
         return 1.0 if ramp == 0 else min(1.0, self.env_steps / ramp)
 
     @property
+    def lift_assist(self) -> float:
+        """The share of the robot's weight the training env lifts after ``env_steps``:
+        ``lift_assist * max(0, 1 - env_steps / lift_assist_fade_steps)`` (0 without one)."""
+        if self.run.lift_assist == 0:
+            return 0.0
+        return self.run.lift_assist * max(0.0, 1.0 - self.env_steps / self.run.lift_assist_fade_steps)
+
+    @property
     def policy_env_options(self) -> dict[str, Any]:
         """The MicroDuckEnv options (:data:`POLICY_ENV_FIELDS`) every env the policy runs in takes; for a
         run whose gait prior fades, the share of it left after ``env_steps``; and the run's reward weights, so
@@ -348,7 +356,11 @@ def resolve_run(
         start_iteration=start_iteration,
         env_steps=0 if resume is None else int(resume["env_steps"]),
     )
-    curricula = [name for name in ("gait_prior_fade_steps", "push_ramp_steps") if getattr(run, name) > 0]
+    curricula = [
+        name
+        for name in ("gait_prior_fade_steps", "push_ramp_steps", "lift_assist_fade_steps")
+        if getattr(run, name) > 0
+    ]
     if curricula and plan.collectors is not None:
         flags = " and ".join("--" + name.replace("_", "-") for name in curricula)
         raise ValueError(

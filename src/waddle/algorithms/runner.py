@@ -99,6 +99,13 @@ class TrainConfig:
     the first step). A policy first learns to step on calm ground, then to keep its feet under growing kicks;
     over the joystick recipe's first 6M or 3M it walked 4M steps sooner, and traded rows of the benchmark
     rather than closing them (docs/deploy.md, stops 55 and 56)."""
+    lift_assist: float = 0.0
+    """Share of the robot's weight held up at the trunk of each training robot that is not standing at the
+    first step, fading linearly to nothing over ``lift_assist_fade_steps`` (0: no force): a helping hand
+    while a policy learns to get up (waddle.envs.microduck.lift_assist). 'waddle eval' and 'waddle export'
+    never lift."""
+    lift_assist_fade_steps: int = 0
+    """Env steps over which ``lift_assist`` fades to nothing; > 0 whenever ``lift_assist`` is."""
     reward_weights: dict[str, float] = field(default_factory=dict)
     """Reward term -> weight, over the task's own weights in every env the run builds ('--reward-weights
     target_past_range=-1 pose=1'; the terms are waddle.envs.microduck.rewards.REWARD_TERMS)."""
@@ -146,7 +153,14 @@ class TrainConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
-        for name in ("video_frames", "torch_threads", "update_threads", "gait_prior_fade_steps", "push_ramp_steps"):
+        for name in (
+            "video_frames",
+            "torch_threads",
+            "update_threads",
+            "gait_prior_fade_steps",
+            "push_ramp_steps",
+            "lift_assist_fade_steps",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}.")
         scale = self.action_scale
@@ -173,6 +187,18 @@ class TrainConfig:
             raise ValueError(
                 f"push_ramp_steps ramps up the training pushes, and randomization {self.randomization!r} does not "
                 "push: use randomization 'upstream', or leave push_ramp_steps at 0."
+            )
+        lift = self.lift_assist
+        if isinstance(lift, bool) or not isinstance(lift, (int, float)) or not (math.isfinite(lift) and 0 <= lift <= 1):
+            raise ValueError(f"lift_assist must be a share of the robot's weight in [0, 1], got {lift!r}.")
+        if lift > 0 and self.lift_assist_fade_steps == 0:
+            raise ValueError(
+                f"lift_assist {lift!r} must fade, or the policy would learn to lean on it: give "
+                "lift_assist_fade_steps > 0 (env steps), or leave lift_assist at 0."
+            )
+        if lift > 0 and self.backend != "mujoco":
+            raise ValueError(
+                f"lift_assist pushes on the trunk, which only the 'mujoco' backend can; got backend {self.backend!r}."
             )
         if self.logger not in LOGGERS:
             raise ValueError(f"logger must be one of {', '.join(LOGGERS)}; got {self.logger!r}.")

@@ -230,6 +230,8 @@ def run(args: argparse.Namespace) -> int:
             "randomization": plan.run.randomization,
             "push_scale": plan.run.push_scale,
             "push_ramp_steps": plan.run.push_ramp_steps,
+            "lift_assist": plan.run.lift_assist,
+            "lift_assist_fade_steps": plan.run.lift_assist_fade_steps,
             "actor_observation": "sensors" if key == "sensor_observation" else "full",
             **plan.policy_env_options,
             "env_steps": int(checkpoint["env_steps"]),

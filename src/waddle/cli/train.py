@@ -485,9 +485,10 @@ def _remote_collectors(plan: RunPlan, env_options: dict[str, Any]) -> tuple[list
 def _curriculum(env: Any, plan: RunPlan) -> Callable[[int], dict[str, float]] | None:
     """The runner's hook that sets ``env``'s curricula for the env steps trained so far (``None`` without any):
     the gait prior fading over ``gait_prior_fade_steps`` (``RunPlan.gait_prior_scale``) and the pushes growing
-    over ``push_ramp_steps`` (``RunPlan.push_strength``), logged under ``curriculum/``."""
+    over ``push_ramp_steps`` (``RunPlan.push_strength``) and the lift assist fading over
+    ``lift_assist_fade_steps`` (``RunPlan.lift_assist``), logged under ``curriculum/``."""
     run = plan.run
-    if run.gait_prior_fade_steps == 0 and run.push_ramp_steps == 0:
+    if run.gait_prior_fade_steps == 0 and run.push_ramp_steps == 0 and run.lift_assist == 0:
         return None
 
     def set_curricula(env_steps: int) -> dict[str, float]:
@@ -499,6 +500,9 @@ def _curriculum(env: Any, plan: RunPlan) -> Callable[[int], dict[str, float]] | 
         if run.push_ramp_steps > 0:
             env.pushes.strength = now.push_strength
             metrics["curriculum/push_strength"] = env.pushes.strength
+        if run.lift_assist > 0:
+            env.lift_assist = now.lift_assist
+            metrics["curriculum/lift_assist"] = env.lift_assist
         return metrics
 
     return set_curricula

@@ -70,6 +70,7 @@ from waddle.envs.microduck import robot as robot_contract
 from waddle.envs.microduck import tasks as presets
 from waddle.envs.microduck.commands import TwistCommands, first
 from waddle.envs.microduck.gait import GaitClock
+from waddle.envs.microduck.lift_assist import LiftAssist
 from waddle.envs.microduck.pushes import PushSchedule
 from waddle.envs.microduck.randomization import (
     MicroDuckRandomization,
@@ -453,6 +454,14 @@ class MicroDuckEnv(MujocoEnv):
         self._action_line = delay_line(n, self.NUM_JOINTS, config.action_delay[1], dtype=self.dtype, device=self.device)
         self.pushes = PushSchedule(n, config, control_dt=self.control_dt, dtype=self.dtype, device=self.device)
         """Each env's push timer and the kicks it deals (:class:`~waddle.envs.microduck.pushes.PushSchedule`)."""
+        self._lift = LiftAssist(
+            num_envs=n,
+            nbody=model.nbody,
+            trunk=root,
+            weight=float(model.body_mass.sum()) * float(np.linalg.norm(model.opt.gravity)),
+            dtype=self.dtype,
+            device=self.device,
+        )
 
     def _make_specs(self) -> None:
         n = self.num_envs
@@ -557,6 +566,27 @@ class MicroDuckEnv(MujocoEnv):
     def standing_height(self) -> float:
         """Trunk height of the STAND keyframe, metres: what hop heights are measured from."""
         return self._standing_height
+
+    @property
+    def lift_assist(self) -> float:
+        """The share of the robot's nominal weight held up at the trunk of every robot that is not
+        :meth:`standing`, in [0, 1] (:mod:`~waddle.envs.microduck.lift_assist`): a get-up curriculum's helping
+        hand, 0 (no force) unless a training run sets it."""
+        return self._lift.share
+
+    @lift_assist.setter
+    def lift_assist(self, share: float) -> None:
+        previous = self._lift.share
+        self._lift.share = share
+        if not self.physics.applies_forces:
+            if self._lift.active:
+                self._lift.share = previous
+                raise ValueError(
+                    f"lift_assist needs a backend that applies forces to bodies; the {self.physics.name!r} "
+                    "backend does not: use backend='mujoco'."
+                )
+        elif not self._lift.active:
+            self.physics.apply_forces(None)
 
     def heading(self) -> torch.Tensor:
         """A ``(num_envs,)`` tensor of trunk yaw angles in radians, in ``(-pi, pi]``."""
@@ -825,6 +855,8 @@ class MicroDuckEnv(MujocoEnv):
             target = target - self.sensors.joint_offset
             if self.randomization.pushes:
                 self._push()
+        if self._lift.active:
+            self.physics.apply_forces(self._lift.forces(self.standing()))
         self.physics.step(target)
         qpos, qvel = self.physics.qpos, self.physics.qvel
         nonfinite = ~torch.isfinite(torch.cat((qpos, qvel), dim=-1)).all(-1) | self.physics.diverged
