@@ -100,8 +100,8 @@ class TrainConfig:
     over the joystick recipe's first 6M or 3M it walked 4M steps sooner, and traded rows of the benchmark
     rather than closing them (docs/deploy.md, stops 55 and 56)."""
     lift_assist: float = 0.0
-    """Share of the robot's weight held up at the trunk of each training robot that is not standing at the
-    first step, fading linearly to nothing over ``lift_assist_fade_steps`` (0: no force): a helping hand
+    """Share of the robot's weight held up at the trunk of every training robot at the first step, fading
+    linearly to nothing over ``lift_assist_fade_steps`` (0: no force): a helping hand
     while a policy learns to get up (waddle.envs.microduck.lift_assist). 'waddle eval' and 'waddle export'
     never lift."""
     lift_assist_fade_steps: int = 0

@@ -569,9 +569,9 @@ class MicroDuckEnv(MujocoEnv):
 
     @property
     def lift_assist(self) -> float:
-        """The share of the robot's nominal weight held up at the trunk of every robot that is not
-        :meth:`standing`, in [0, 1] (:mod:`~waddle.envs.microduck.lift_assist`): a get-up curriculum's helping
-        hand, 0 (no force) unless a training run sets it."""
+        """The share of the robot's nominal weight held up at every robot's trunk, in [0, 1]
+        (:mod:`~waddle.envs.microduck.lift_assist`): a get-up curriculum's helping hand, 0 (no force) unless a
+        training run sets it."""
         return self._lift.share
 
     @lift_assist.setter
@@ -585,8 +585,8 @@ class MicroDuckEnv(MujocoEnv):
                     f"lift_assist needs a backend that applies forces to bodies; the {self.physics.name!r} "
                     "backend does not: use backend='mujoco'."
                 )
-        elif not self._lift.active:
-            self.physics.apply_forces(None)
+        else:  # held over every step until the share changes
+            self.physics.apply_forces(self._lift.forces() if self._lift.active else None)
 
     def heading(self) -> torch.Tensor:
         """A ``(num_envs,)`` tensor of trunk yaw angles in radians, in ``(-pi, pi]``."""
@@ -855,8 +855,6 @@ class MicroDuckEnv(MujocoEnv):
             target = target - self.sensors.joint_offset
             if self.randomization.pushes:
                 self._push()
-        if self._lift.active:
-            self.physics.apply_forces(self._lift.forces(self.standing()))
         self.physics.step(target)
         qpos, qvel = self.physics.qpos, self.physics.qvel
         nonfinite = ~torch.isfinite(torch.cat((qpos, qvel), dim=-1)).all(-1) | self.physics.diverged

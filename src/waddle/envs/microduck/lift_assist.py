@@ -1,20 +1,20 @@
-"""A helping hand for learning to get up: an upward force on the trunk of every robot that is not standing.
+"""A helping hand for learning to get up: an upward force on the trunk, a share of the robot's weight.
 
 From the floor, a get-up is a long chain of joint motions that pays nothing
 until the robot is nearly up, and exploration around the HOME pose does not
 find one. HoST (Huang et al., 2025, "Learning Humanoid Standing-up Control
 across Diverse Postures") lifts the robot's base with a vertical force early
-in training and takes it away as the policy learns: the states on the way up
-become reachable, and the policy's own effort has to replace the force as it
-fades. Here the force is a share of the robot's weight, held at the trunk's
-centre of mass, in the world's +z, on each env whose robot is not standing;
-a standing robot carries its full weight, so what it earns for standing it
-earns under the real dynamics. A training curriculum sets the share (``waddle
-train --lift-assist``); evaluations and exports never lift.
+in training and takes it away as the policy learns: the states on the way up,
+and standing itself, become reachable, and the policy's own effort has to
+replace the force as it fades. Here the force is a share of the robot's
+weight, held at the trunk's centre of mass, in the world's +z, on every env
+all the time: the robot simply weighs less at the trunk, lying or standing,
+so nothing changes at the moment it stands up. A training curriculum sets the
+share (``waddle train --lift-assist``); evaluations and exports never lift.
 
-    assist = LiftAssist(num_envs=4, nbody=16, trunk=1, weight=7.23)
+    assist = LiftAssist(num_envs=4, nbody=16, trunk=1, weight=7.23, dtype=torch.float32, device=cpu)
     assist.share = 0.5                                  # half the robot's weight
-    forces = assist.forces(standing)                    # (4, 16, 6), for PhysicsBackend.apply_forces
+    forces = assist.forces()                            # (4, 16, 6), for PhysicsBackend.apply_forces
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch
 
 
 class LiftAssist:
-    """The upward force a curriculum holds on the trunks of the robots that are not standing.
+    """The upward force a curriculum holds on the robots' trunks.
 
     Args:
         num_envs: envs in the batch.
@@ -62,9 +62,7 @@ class LiftAssist:
     def active(self) -> bool:
         return self._share > 0
 
-    def forces(self, standing: torch.Tensor) -> torch.Tensor:
-        """The ``(num_envs, nbody, 6)`` external forces: ``share`` of the weight up on the trunk of each env
-        whose robot is not ``standing`` (``(num_envs,)`` bool), nothing elsewhere."""
-        lift = torch.where(standing, 0.0, self._share * self.weight).to(self._forces.dtype)
-        self._forces[:, self.trunk, 2] = lift
+    def forces(self) -> torch.Tensor:
+        """The ``(num_envs, nbody, 6)`` external forces: ``share`` of the weight up on every env's trunk."""
+        self._forces[:, self.trunk, 2] = self._share * self.weight
         return self._forces
