@@ -10,6 +10,7 @@ the trainer's own policy.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import ipaddress
 import math
@@ -451,8 +452,8 @@ def test_a_local_ray_instance_listens_on_the_loopback_only():
 
 @pytest.fixture()
 def ray_head():
-    """A one-node Ray cluster on the loopback, and the environment its clients need; stopped (bounded in
-    time) after the test.
+    """A one-node Ray cluster on the loopback: its address, the environment its clients need and its temp dir
+    (which names its processes); stopped (bounded in time) after the test, without touching other clusters.
 
     Ray on Linux swaps 127.0.0.1 for the host's outward address unless told it is a single-machine
     cluster (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0), and its head asks clients for a token.
@@ -485,28 +486,60 @@ def ray_head():
     ]
     try:
         subprocess.run(start, check=True, capture_output=True, timeout=120, env=env)
-        yield f"127.0.0.1:{port}", env
+        yield f"127.0.0.1:{port}", env, temp_dir
     finally:
-        subprocess.run([ray_cli, "stop", "--force"], capture_output=True, timeout=60, env=env, check=False)
+        # `ray stop` would stop every Ray cluster of this user; stop this one alone.
+        _stop(_cluster_pids(temp_dir), timeout_s=30.0)
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-def _ray_actor_pids() -> list[int]:
-    pids = []
+def _processes() -> dict[int, tuple[int, bytes]]:
+    """pid -> (parent pid, command line) of every process this user can read."""
+    table = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
                 command = (entry / "cmdline").read_bytes()
-            except OSError:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
                 continue
-            if command.startswith(b"ray::Collector"):  # TorchRL's collector actors (not Ray's own agents)
-                pids.append(int(entry.name))
-    return sorted(pids)
+            table[int(entry.name)] = (parent, command)
+    return table
+
+
+def _cluster_pids(temp_dir: str) -> list[int]:
+    """The processes of the Ray cluster started with ``temp_dir``: those whose command line names it (its
+    head's servers, which Ray starts detached) and all their descendants (its workers and actors)."""
+    table = _processes()
+    cluster = {pid for pid, (_, command) in table.items() if temp_dir.encode() in command}
+    grew = True
+    while grew:
+        children = {pid for pid, (parent, _) in table.items() if parent in cluster} - cluster
+        cluster |= children
+        grew = bool(children)
+    return sorted(cluster)
+
+
+def _stop(pids: list[int], *, timeout_s: float) -> None:
+    """SIGTERM ``pids``, then SIGKILL those still there after ``timeout_s``."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and any(Path(f"/proc/{pid}").exists() for pid in pids):
+            time.sleep(0.2)
+
+
+def _ray_actor_pids(temp_dir: str) -> list[int]:
+    """TorchRL's collector actors (not Ray's own agents) of the cluster started with ``temp_dir``."""
+    table = _processes()
+    return [pid for pid in _cluster_pids(temp_dir) if table.get(pid, (0, b""))[1].startswith(b"ray::Collector")]
 
 
 @pytest.mark.slow
 def test_train_on_a_ray_cluster_then_lose_an_actor(tmp_path, ray_head):
-    address, env = ray_head
+    address, env, temp_dir = ray_head
     out = tmp_path / "ray-run"
     common = [*TRAIN_TINY, "--collectors", "2", "--ray-address", address, "--checkpoint-every", "1"]
     iterations = 24  # 3,072 env steps
@@ -527,7 +560,9 @@ def test_train_on_a_ray_cluster_then_lose_an_actor(tmp_path, ray_head):
     # A second run loses one of its actors mid-run: a clear message, and the checkpoint stays whole.
     out = tmp_path / "ray-killed"
     argv = [*common, "--total-steps", "10000000"]
-    returncode, _, stderr = _kill_a_worker_mid_run(argv, out, lambda pid: _ray_actor_pids(), iterations=2, env=env)
+    returncode, _, stderr = _kill_a_worker_mid_run(
+        argv, out, lambda pid: _ray_actor_pids(temp_dir), iterations=2, env=env
+    )
     assert returncode == 1, stderr
     assert "a Ray collector actor stopped" in stderr
     assert "--resume" in stderr
