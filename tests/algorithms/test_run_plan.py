@@ -264,7 +264,7 @@ def test_a_lift_assist_fades_to_nothing_and_stays_out_of_the_policys_envs():
             r"only the 'mujoco' backend can; got backend 'mjx'",
         ),
         (
-            {"task": "getup", "collectors": 2},
+            {"task": "getup", "lift_assist": 0.5, "lift_assist_fade_steps": 10, "collectors": 2},
             r"^--lift-assist-fade-steps changes the training env .* leave --collectors at 1",
         ),
     ],

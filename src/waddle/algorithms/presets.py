@@ -106,20 +106,8 @@ GETUP_REFERENCE_START_FRACTION = 0.5
 (``reference_start_fraction``) instead of a drop. From drops alone PPO met no state on the way up in 9.7M
 steps; the reference starts show it the whole way, from lying to standing, from the first iteration."""
 
-GETUP_LIFT_ASSIST = 0.9
-"""Share of the robot's weight the get-up recipes hold up at the trunk at the first step (``lift_assist``):
-nearly all of it, short of a robot that floats off. ``python benchmarks/getup_feasibility.py --scales 1.0
---lift-assist 0 0.5 0.7 0.9 1.0`` (256 random open-loop patterns per lying start, seed 0): the best pattern got
-a robot 10-18 % of the way up without it, 19-25 % at 0.5, 26-86 % at 0.7, 54-97 % at 0.9, 64-100 % at 1.0."""
-
-GETUP_LIFT_ASSIST_FADE_STEPS = 9_000_000
-"""Env steps over which the get-up recipes' lift assist fades to nothing: half of ``getup``'s budget, the
-other half to stand up and balance under the robot's full weight."""
-
 GETUP_RUN = {
     "total_steps": GETUP_STEPS,
-    "lift_assist": GETUP_LIFT_ASSIST,
-    "lift_assist_fade_steps": GETUP_LIFT_ASSIST_FADE_STEPS,
     "randomization": "upstream",
     "action_mode": "robot",
     "action_scale": GETUP_ACTION_SCALE,

@@ -103,7 +103,8 @@ class TrainConfig:
     """Share of the robot's weight held up at the trunk of every training robot at the first step, fading
     linearly to nothing over ``lift_assist_fade_steps`` (0: no force): a helping hand
     while a policy learns to get up (waddle.envs.microduck.lift_assist). 'waddle eval' and 'waddle export'
-    never lift."""
+    never lift. The get-up recipes train without it: from 0.7 or 0.9 it stood up no more robots (docs/microduck.md,
+    "The lift assist")."""
     lift_assist_fade_steps: int = 0
     """Env steps over which ``lift_assist`` fades to nothing; > 0 whenever ``lift_assist`` is."""
     reward_weights: dict[str, float] = field(default_factory=dict)
