@@ -432,7 +432,8 @@ def test_push_scale_trains_on_harder_pushes_while_eval_and_export_keep_the_prese
     assert drawn[0] == "upstream"
 
 
-def test_a_push_ramp_sets_the_training_envs_push_strength_before_each_iteration(tmp_path, monkeypatch):
+def _training_envs(monkeypatch) -> list:
+    """The envs ``waddle train`` builds from here on, in the order it builds them."""
     import waddle.cli.train as train_cli
 
     built = []
@@ -440,6 +441,11 @@ def test_a_push_ramp_sets_the_training_envs_push_strength_before_each_iteration(
     monkeypatch.setattr(
         train_cli, "make_env", lambda *args, **kwargs: built.append(original(*args, **kwargs)) or built[-1]
     )
+    return built
+
+
+def test_a_push_ramp_sets_the_training_envs_push_strength_before_each_iteration(tmp_path, monkeypatch):
+    built = _training_envs(monkeypatch)
     out = tmp_path / "run"
     argv = ["train", "--task", "standing", "--randomization", "upstream", "--total-steps", "1280", *TINY]
     assert main([*argv, "--video-frames", "0", "--out", str(out), "--push-ramp-steps", "512"]) == 0
@@ -452,13 +458,7 @@ def test_a_push_ramp_sets_the_training_envs_push_strength_before_each_iteration(
 
 
 def test_a_lift_assist_sets_the_training_envs_lift_before_each_iteration(tmp_path, monkeypatch):
-    import waddle.cli.train as train_cli
-
-    built = []
-    original = train_cli.make_env
-    monkeypatch.setattr(
-        train_cli, "make_env", lambda *args, **kwargs: built.append(original(*args, **kwargs)) or built[-1]
-    )
+    built = _training_envs(monkeypatch)
     out = tmp_path / "run"
     argv = ["train", "--task", "getup", "--total-steps", "1280", *TINY, "--video-frames", "0", "--out", str(out)]
     assert main([*argv, "--lift-assist", "0.6", "--lift-assist-fade-steps", "512"]) == 0
