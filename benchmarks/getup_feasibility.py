@@ -5,9 +5,9 @@ asks whether the servos allow a get-up, before any learning is involved:
 
 * the robot is laid on its back, its front or a side, in the HOME pose, with
   the limbs' collision boxes (``ground_contact``), and left to settle for 1 s;
-* it then follows one random open-loop pattern: three poses, each joint's
+* it then follows one random open-loop pattern: three poses (``--poses``), each joint's
   target ``HOME + S * u`` with ``u`` uniform in ``[-1, 1]`` (stopped at the
-  joint's range, as a servo is), each held 0.3-1.2 s, then HOME to the end
+  joint's range, as a servo is), each held 0.3-1.2 s (``--hold-s``), then HOME to the end
   of 4 s; ``S`` is the action scale;
 * ``--samples`` patterns per start and scale (seeded), all simulated in one
   ``mujoco.rollout`` call;
@@ -19,14 +19,17 @@ asks whether the servos allow a get-up, before any learning is involved:
 ``--lift-assist`` adds rows with the get-up curriculum's helping hand
 (:mod:`waddle.envs.microduck.lift_assist`): an upward force of that share of
 the robot's weight at the trunk's centre of mass, held for the whole pattern
-(the env takes it away from a robot that stands; this search does not, so
-its "stood up" counts a lifted robot).
+as the env holds it (so "stood up" counts a lifted robot).
+
+``--hold-s 0.02 0.02 --poses 200`` draws a new pose every control step, as
+PPO's exploration noise around a mean does: white noise at 50 Hz.
 
 Usage::
 
     python benchmarks/getup_feasibility.py                       # scales 0.7 1.0 1.5, 256 patterns each
     python benchmarks/getup_feasibility.py --scales 0.7 --samples 64
-    python benchmarks/getup_feasibility.py --scales 1.0 --lift-assist 0 0.3 0.5 0.7
+    python benchmarks/getup_feasibility.py --scales 1.0 --lift-assist 0 0.5 0.7 0.9 1.0
+    python benchmarks/getup_feasibility.py --scales 1.0 --hold-s 0.02 0.02 --poses 200   # a new pose every step
 """
 
 from __future__ import annotations
@@ -70,7 +73,15 @@ def lying_state(m: mujoco.MjModel, start: str) -> tuple[np.ndarray, float]:
     return state, float(keyframe.qpos[2])
 
 
-def patterns(m: mujoco.MjModel, scale: float, samples: int, rng: np.random.Generator) -> np.ndarray:
+def patterns(
+    m: mujoco.MjModel,
+    scale: float,
+    samples: int,
+    rng: np.random.Generator,
+    *,
+    hold_s: tuple[float, float] = HOLD_S,
+    poses: int = POSES,
+) -> np.ndarray:
     """``(samples, steps, nu)`` servo targets per physics step: three random poses held 0.3-1.2 s, then HOME."""
     substeps = round(CONTROL_DT / m.opt.timestep)
     steps = round(PATTERN_S / CONTROL_DT)
@@ -80,8 +91,8 @@ def patterns(m: mujoco.MjModel, scale: float, samples: int, rng: np.random.Gener
     targets = np.broadcast_to(home, (samples, steps, m.nu)).copy()
     for sample in range(samples):
         at = 0
-        for _ in range(POSES):
-            held = round(rng.uniform(*HOLD_S) / CONTROL_DT)
+        for _ in range(poses):
+            held = max(1, round(rng.uniform(*hold_s) / CONTROL_DT))
             pose = np.clip(home + scale * rng.uniform(-1.0, 1.0, m.nu), low, high)
             targets[sample, at : at + held] = pose
             at += held
@@ -125,12 +136,20 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument(
+        "--hold-s", type=float, nargs=2, default=list(HOLD_S), metavar=("LOW", "HIGH"), help="seconds each pose is held"
+    )
+    parser.add_argument("--poses", type=int, default=POSES, help="random poses per pattern (then HOME to the end)")
+    parser.add_argument(
         "--lift-assist", type=float, nargs="+", default=[0.0], metavar="SHARE", help="shares of the weight lifted"
     )
     args = parser.parse_args()
     m = model()
     print(f"MicroDuck get-up feasibility: {load_line('at the start')}")
-    print(f"{args.samples} random 3-pose patterns per start and scale, seed {args.seed}, limb boxes on, 4 s each")
+    low, high = args.hold_s
+    print(
+        f"{args.samples} random {args.poses}-pose patterns per start and scale, each pose held {low}-{high} s, "
+        f"seed {args.seed}, limb boxes on, 4 s each"
+    )
     table = Table(
         [
             Column("scale", ".2f"),
@@ -153,7 +172,8 @@ def main() -> None:
             rng = np.random.default_rng(args.seed)  # the same patterns for every lift
             for start in LYING_STARTS:
                 state, standing = lying_state(m, start)
-                control = lifted(m, patterns(m, scale, args.samples, rng), trunk, lift * weight)
+                targets = patterns(m, scale, args.samples, rng, hold_s=tuple(args.hold_s), poses=args.poses)
+                control = lifted(m, targets, trunk, lift * weight)
                 initial = np.broadcast_to(state, (args.samples, state.size)).copy()
                 with timed() as clock:
                     states, _ = rollout.rollout(m, data, initial, control, control_spec=CONTROL_SPEC)
