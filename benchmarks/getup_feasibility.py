@@ -45,6 +45,7 @@ from waddle.envs.microduck import getup_reference as reference
 from waddle.envs.microduck.assets import load_spec
 from waddle.envs.microduck.constants import EMBEDDED_SCENE, ROOT_BODY, STAND_KEYFRAME
 from waddle.envs.microduck.ground_contact import add_limb_collisions
+from waddle.envs.microduck.lift_assist import robot_weight
 from waddle.envs.microduck.robot import DEFAULT_JOINT_POS
 from waddle.envs.microduck.tasks import LYING_STARTS
 
@@ -163,7 +164,7 @@ def main() -> None:
     )
     table.print_header()
     data = [mujoco.MjData(m) for _ in range(args.threads)]
-    weight = float(m.body_mass.sum()) * float(np.linalg.norm(m.opt.gravity))
+    weight = robot_weight(m)
     trunk = m.body(ROOT_BODY).id
     for scale in args.scales:
         for lift in args.lift_assist:

@@ -70,7 +70,7 @@ from waddle.envs.microduck import robot as robot_contract
 from waddle.envs.microduck import tasks as presets
 from waddle.envs.microduck.commands import TwistCommands, first
 from waddle.envs.microduck.gait import GaitClock
-from waddle.envs.microduck.lift_assist import LiftAssist
+from waddle.envs.microduck.lift_assist import LiftAssist, robot_weight
 from waddle.envs.microduck.pushes import PushSchedule
 from waddle.envs.microduck.randomization import (
     MicroDuckRandomization,
@@ -458,7 +458,7 @@ class MicroDuckEnv(MujocoEnv):
             num_envs=n,
             nbody=model.nbody,
             trunk=root,
-            weight=float(model.body_mass.sum()) * float(np.linalg.norm(model.opt.gravity)),
+            weight=robot_weight(model),
             dtype=self.dtype,
             device=self.device,
         )

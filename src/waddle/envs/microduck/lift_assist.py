@@ -21,7 +21,14 @@ from __future__ import annotations
 
 import math
 
+import mujoco
+import numpy as np
 import torch
+
+
+def robot_weight(model: mujoco.MjModel) -> float:
+    """The weight, N, of every body of ``model`` under its gravity: what a lift share of 1 holds up."""
+    return float(model.body_mass.sum()) * float(np.linalg.norm(model.opt.gravity))
 
 
 class LiftAssist:
